@@ -1,0 +1,102 @@
+"""Benchmark the notebook's kernel against unsloth's fast_dequantize (fused and classic paths) and
+bitsandbytes on the GPU this runs on; print the tables and write results/<gpu>/benchmark.json.
+
+    python benchmark.py              # kernel-only table, the published procedure, CPU cost per call
+    python benchmark.py --sweep      # also time every configuration in SWEEP: results/<gpu>/sweep.json
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+
+import torch
+
+import helpers
+
+# Candidate launch configurations: (weights per program, num_warps, LOOKUP, STREAM), each tried
+# for every size. The sweep behind the shipped table: results/<gpu>/sweep.json.
+SWEEP = [cfg for cfg in itertools.product((1024, 2048, 4096, 8192), (2, 4, 8), (0, 1, 2), (True, False))
+         if cfg[0] // (32 * cfg[1]) >= 8]
+
+
+def print_kernel_table(rows, methods):
+    head = f"{'shape':>12} {'dtype':>9}" + "".join(f"{m + ' us':>18}" for m in methods)
+    print(head + f"{'ceiling us':>12}{'ours GB/s':>11}" + "".join(f"{'x ' + m:>17}" for m in methods[1:]))
+    for r in rows:
+        line = f"{r['shape']:>12} {r['dtype']:>9}"
+        line += "".join(f"{r[m + '_us']:>11.2f} ({r[m + '_p20_us']:.1f}-{r[m + '_p80_us']:.1f})"[-18:].rjust(18)
+                        for m in methods)
+        line += f"{r.get('ceiling_us', float('nan')):>12.2f}{r['ours_gbs']:>11.0f}"
+        line += "".join(f"{r[m + '_us'] / r['ours_us']:>16.3f}x" for m in methods[1:])
+        print(line)
+
+
+def sweep(kernel, capability):
+    """Kernel-only time of every SWEEP configuration, exactness checked for each."""
+    import bitsandbytes.functional as bnbf
+    rows = []
+    layers = [(s, helpers.make_layer(*s)) for s in helpers.KERNEL_SHAPES]
+    references = [bnbf.dequantize_4bit(layer.weight, layer.weight.quant_state) for _, layer in layers]
+    saved = kernel.LAUNCH_CONFIGS.get(capability)
+    try:
+        for config in SWEEP:
+            kernel.LAUNCH_CONFIGS[capability] = [(None, config)]
+            row = {"config": list(config)}
+            for ((o, i, dtype), layer), reference in zip(layers, references):
+                layer.weight.quant_state.__dict__.pop(kernel._PLAN, None)
+                assert torch.equal(kernel.triton_dequantize_nf4(layer), reference), config
+                row[f"{o}x{i}"] = helpers.bench(lambda: kernel.triton_dequantize_nf4(layer)).median_us
+            rows.append(row)
+            print(row, flush=True)
+    finally:
+        kernel.LAUNCH_CONFIGS[capability] = saved
+        for _, layer in layers:
+            layer.weight.quant_state.__dict__.pop(kernel._PLAN, None)
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sweep", action="store_true", help="time every launch configuration too")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats of the published procedure")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("benchmark.py needs a CUDA GPU (the notebook runs without one, in CPU mode)")
+
+    kernel = helpers.load_kernel_cells()
+    env = helpers.environment()
+    methods = helpers.dequantizers(kernel)
+    env["baselines"] = {
+        "unsloth_fused": "unsloth.kernels.utils.fast_dequantize (default fused Triton path)",
+        "unsloth_classic": "unsloth.kernels.utils._fast_dequantize_ctypes (bitsandbytes ctypes path)",
+        "bnb": "bitsandbytes.functional.dequantize_4bit",
+    }
+    print({k: v for k, v in env.items() if k != "baselines"})
+    print("methods:", list(methods))
+    capability = torch.cuda.get_device_capability()
+    tables = {"launch_config": kernel.LAUNCH_CONFIGS.get(capability, kernel.LAUNCH_CONFIGS[None])}
+    if args.sweep:
+        tables["sweep"] = sweep(kernel, capability)
+    rows = helpers.kernel_table(methods)
+    tables["kernel"] = rows
+    tables["device_copy_gbs"] = helpers.device_copy_gbs()
+    tables["cpu_cost"] = helpers.cpu_cost_table(kernel)
+    reference = methods.get("unsloth_fused", methods["bnb"])
+    tables["procedure"] = helpers.procedure_table(methods, reference, repeats=args.repeats)
+
+    print_kernel_table(rows, list(methods))
+    print(f"device-to-device copy: {tables['device_copy_gbs']:.0f} GB/s; peak {env['peak_bandwidth_gbs']} GB/s")
+    print("CPU cost per call (us):", {k: round(v, 2) for k, v in tables["cpu_cost"].items()})
+    proc = tables["procedure"]
+    for name, t in proc.items():
+        ratio = t["median_s"] / proc["ours"]["median_s"]
+        print(f"procedure {name:>16}: {t['median_s']:.4f} s (min {t['min_s']:.4f}, max {t['max_s']:.4f})"
+              f"  ours is {ratio:.3f}x faster")
+    name = "sweep.json" if args.sweep else "benchmark.json"
+    path = helpers.write_results(helpers.results_dir(env) / name, env, **tables)
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()

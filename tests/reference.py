@@ -1,0 +1,28 @@
+"""bitsandbytes' own dequantization, the reference every test compares with torch.equal."""
+import torch
+import bitsandbytes.functional as bnbf
+
+
+def flat_dequantize_4bit(W, quant_state):
+    """bitsandbytes' generic implementation (backends/default): blocks of `blocksize` over the
+    flattened weight, as its CUDA kernel does. Its CPU kernel instead walks the weight row by
+    row and disagrees with both when a row is not a whole number of blocks (seen with 0.50.2)."""
+    from bitsandbytes.backends.default.ops import _dequantize_4bit_compute
+    compute = getattr(_dequantize_4bit_compute, "__wrapped__", _dequantize_4bit_compute)
+    qs = quant_state
+    absmax = qs.absmax
+    if qs.nested:
+        absmax = bnbf.dequantize_blockwise(qs.absmax, qs.state2) + qs.offset
+    return compute(W.view(torch.uint8).reshape(-1), absmax, qs.code, qs.blocksize, qs.shape, qs.dtype)
+
+
+def references(W, quant_state):
+    """Every bitsandbytes result that applies: dequantize_4bit, and on the CPU the flat
+    generic implementation (dequantize_4bit's CPU kernel only where rows are whole blocks)."""
+    refs = {}
+    shape = quant_state.shape
+    if W.is_cuda or shape[-1] % quant_state.blocksize == 0:
+        refs["dequantize_4bit"] = bnbf.dequantize_4bit(W, quant_state)
+    if not W.is_cuda:
+        refs["flat"] = flat_dequantize_4bit(W, quant_state)
+    return refs

@@ -1,0 +1,85 @@
+"""The kernel cells against bitsandbytes, torch.equal, in the interpreter (CPU) or on the GPU."""
+import math
+
+import pytest
+import torch
+
+import helpers
+from conftest import DEVICE
+from reference import references
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+# (out, in): whole tiles, one block, a (1, n) weight, rows that are not whole blocks, a partial
+# last block, an element count that is not a multiple of a program's tile.
+SHAPES = [(128, 256), (1, 64), (1, 1024), (33, 96), (3, 7), (5, 40), (300, 520), (64, 4160)]
+
+
+def _check(kernel, layer):
+    W, qs = layer.weight, layer.weight.quant_state
+    ours = kernel.triton_dequantize_nf4(layer)
+    refs = references(W, qs)
+    assert refs
+    for name, ref in refs.items():
+        assert ours.shape == ref.shape and ours.dtype == ref.dtype == qs.dtype, name
+        assert ours.is_contiguous()
+        assert torch.equal(ours, ref), f"differs from bitsandbytes ({name}) in " \
+            f"{(ours != ref).sum().item()} of {ref.numel()} values"
+    return ours
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_matches_bitsandbytes(kernel, shape, dtype):
+    layer = helpers.make_layer(*shape, dtype, device=DEVICE, seed=sum(shape))
+    _check(kernel, layer)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_many_seeds_and_scales(kernel, seed):
+    # Weights of very different magnitudes exercise the scale's rounding (the no-FMA rule).
+    torch.manual_seed(seed)
+    dtype = DTYPES[seed % 3]
+    layer = helpers.make_layer(96, 256, dtype, device="cpu", seed=seed)
+    with torch.no_grad():
+        import bitsandbytes as bnb
+        weight = torch.randn(96, 256) * 10.0 ** torch.randint(-6, 4, (96, 1)).float()
+        layer = bnb.nn.Linear4bit(256, 96, bias=None, compute_dtype=dtype, quant_type="nf4")
+        layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4")
+        layer = layer.to(DEVICE)
+        layer.weight.quant_state.dtype = dtype
+    _check(kernel, layer)
+
+
+def test_second_call_uses_the_same_result(kernel):
+    layer = helpers.make_layer(64, 256, torch.bfloat16, device=DEVICE)
+    first = _check(kernel, layer)
+    second = _check(kernel, layer)
+    assert first.data_ptr() != second.data_ptr(), "every call must return a new tensor"
+
+
+def test_quant_state_dtype_change_is_followed(kernel):
+    layer = helpers.make_layer(64, 256, torch.float16, device=DEVICE)
+    _check(kernel, layer)
+    layer.weight.quant_state.dtype = torch.bfloat16
+    assert _check(kernel, layer).dtype == torch.bfloat16
+
+
+def test_returns_transpose_for_a_one_row_packed_weight(kernel):
+    # fast_dequantize returns out.t() when W.shape[0] == 1; the kernel cell does the same.
+    layer = helpers.make_layer(16, 64, torch.float16, device=DEVICE)
+    W, qs = layer.weight, layer.weight.quant_state
+    row = W.data.reshape(1, -1)
+    out = kernel.dequantize_nf4(row, qs)
+    ref = references(W, qs)
+    assert all(torch.equal(out, r.t()) for r in ref.values())
+
+
+def test_bf16_rounds_to_nearest_even(kernel):
+    # The interpreter's own fp32 -> bf16 cast truncates; the kernel must round.
+    layer = helpers.make_layer(64, 1024, torch.bfloat16, device=DEVICE, seed=7)
+    ours = _check(kernel, layer)
+    as_fp32 = helpers.make_layer(64, 1024, torch.float32, device=DEVICE, seed=7)
+    exact = kernel.triton_dequantize_nf4(as_fp32)
+    truncated = (exact.view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
+    assert not torch.equal(ours, truncated), "bf16 output looks truncated, not rounded"
+    assert torch.equal(ours, exact.to(torch.bfloat16))

@@ -1,0 +1,82 @@
+"""On the GPU: exactness at the procedure's sizes, against bitsandbytes and both unsloth paths,
+and the index arithmetic past 2**31 weights."""
+import pytest
+import torch
+
+import helpers
+
+pytestmark = pytest.mark.gpu
+SHAPES = [(8192, 2048, torch.float16), (4096, 1024, torch.bfloat16),
+          (14336, 4096, torch.bfloat16), (28672, 8192, torch.bfloat16)]
+
+
+@pytest.fixture(scope="module")
+def unsloth():
+    utils = helpers.import_unsloth_kernels()
+    if utils is None:
+        pytest.skip("unsloth is not installed")
+    return utils
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_matches_bitsandbytes_and_unsloth(kernel, unsloth, shape, out_dtype):
+    import bitsandbytes.functional as bnbf
+    layer = helpers.make_layer(shape[0], shape[1], out_dtype)
+    W, qs = layer.weight, layer.weight.quant_state
+    ours = kernel.triton_dequantize_nf4(layer)
+    assert torch.equal(ours, bnbf.dequantize_4bit(W, qs))
+    assert torch.equal(ours, unsloth.fast_dequantize(W, qs))
+    assert torch.equal(ours, unsloth._fast_dequantize_ctypes(W, qs))
+    # the cached launch (second call) gives the same bits into a new tensor
+    again = kernel.triton_dequantize_nf4(layer)
+    assert torch.equal(again, ours) and again.data_ptr() != ours.data_ptr()
+
+
+def test_past_two_to_the_31_weights(kernel):
+    # 2**31 + 4096 weights: int64 offsets. Checked against bitsandbytes slice by slice (a weight
+    # this large fits, its bnb dequantization in one piece would double the memory).
+    import bitsandbytes.functional as bnbf
+    n = 2**31 + 4096
+    packed = torch.randint(0, 256, ((n + 1) // 2, 1), dtype=torch.uint8, device="cuda")
+    _, qs = bnbf.quantize_4bit(torch.randn(64 * 1024, device="cuda", dtype=torch.bfloat16),
+                                blocksize=64, quant_type="nf4", compress_statistics=True)
+    blocks = n // 64
+    codes = torch.randint(0, 256, (blocks,), dtype=torch.uint8, device="cuda")
+    absmax2 = torch.rand(-(-blocks // 256), device="cuda") + 0.5
+    state2 = bnbf.QuantState(absmax=absmax2, code=qs.state2.code, blocksize=256, dtype=torch.float32)
+    big = bnbf.QuantState(absmax=codes, shape=torch.Size([n // 4096, 4096]), code=qs.code, blocksize=64,
+                          quant_type="nf4", dtype=torch.bfloat16, offset=qs.offset, state2=state2)
+    out = kernel.dequantize_nf4(packed, big).view(-1)
+    step = 2**28  # a multiple of 64 * 256: each slice starts on an absmax2 boundary
+    for start in list(range(0, n, step)):
+        stop = min(n, start + step)
+        piece = bnbf.QuantState(
+            absmax=codes[start // 64: stop // 64], shape=torch.Size([stop - start]), code=qs.code,
+            blocksize=64, quant_type="nf4", dtype=torch.bfloat16, offset=qs.offset,
+            state2=bnbf.QuantState(absmax=absmax2[start // 16384: -(-stop // 16384)],
+                                   code=qs.state2.code, blocksize=256, dtype=torch.float32))
+        ref = bnbf.dequantize_4bit(packed[start // 2: stop // 2], piece)
+        assert torch.equal(out[start:stop], ref.view(-1)), f"slice {start}:{stop}"
+
+
+def test_a_moved_weight_is_followed(kernel):
+    # The cached launch is keyed on the weight's address: new storage must not reuse it.
+    import bitsandbytes.functional as bnbf
+    layer = helpers.make_layer(1024, 1024, torch.bfloat16)
+    W = layer.weight
+    kernel.triton_dequantize_nf4(layer)
+    W.data = W.data.clone()
+    W.data.random_(0, 256)
+    assert torch.equal(kernel.triton_dequantize_nf4(layer), bnbf.dequantize_4bit(W, W.quant_state))
+
+
+def test_non_default_stream(kernel):
+    import bitsandbytes.functional as bnbf
+    layer = helpers.make_layer(4096, 4096, torch.float16)
+    kernel.triton_dequantize_nf4(layer)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        out = kernel.triton_dequantize_nf4(layer)
+    stream.synchronize()
+    assert torch.equal(out, bnbf.dequantize_4bit(layer.weight, layer.weight.quant_state))
