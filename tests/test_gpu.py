@@ -80,3 +80,25 @@ def test_non_default_stream(kernel):
         out = kernel.triton_dequantize_nf4(layer)
     stream.synchronize()
     assert torch.equal(out, bnbf.dequantize_4bit(layer.weight, layer.weight.quant_state))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_torch_compile_fullgraph_matches_eager(kernel, dtype):
+    import torch._dynamo
+    torch._dynamo.reset()
+    helpers.set_seed(3407)
+    mlp = helpers.MLP(1024, 4096, dtype, "cuda")
+    X = torch.randn(2, 77, 1024, dtype=dtype, device="cuda")
+
+    def forward(X, gate, up, down):
+        weights = [kernel.triton_dequantize_nf4(layer) for layer in (gate, up, down)]
+        return helpers.mlp_with_weights(X, *weights, torch.nn.functional.silu)
+
+    eager = forward(X, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    compiled = torch.compile(forward, fullgraph=True)
+    first = compiled(X, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for _ in range(3):
+        assert torch.equal(compiled(X, mlp.gate_proj, mlp.up_proj, mlp.down_proj), eager)
+    assert torch.equal(first, eager)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs, "recompiled"

@@ -1,0 +1,27 @@
+"""The torch.compile custom op, as far as the CPU can check it."""
+import torch
+
+import helpers
+from conftest import DEVICE
+from reference import references
+
+
+def test_op_is_registered(kernel):
+    op = torch.ops.nf4_triton.dequantize_4bit
+    assert "nf4_triton::dequantize_4bit" in str(op.default._schema)
+
+
+def test_op_matches_bitsandbytes(kernel):
+    layer = helpers.make_layer(48, 256, torch.bfloat16, device=DEVICE)
+    W, qs = layer.weight, layer.weight.quant_state
+    out = torch.ops.nf4_triton.dequantize_4bit(
+        W.view(torch.uint8), qs.absmax, qs.state2.absmax, qs.state2.code, qs.offset, qs.code,
+        list(qs.shape), qs.blocksize, qs.state2.blocksize, qs.dtype)
+    assert all(torch.equal(out, ref) for ref in references(W, qs).values())
+
+
+def test_traced_path_matches(kernel):
+    layer = helpers.make_layer(48, 256, torch.float16, device=DEVICE)
+    W, qs = layer.weight, layer.weight.quant_state
+    out = kernel._dequantize_traced(W, qs)
+    assert all(torch.equal(out, ref) for ref in references(W, qs).values())
