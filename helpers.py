@@ -314,6 +314,7 @@ def import_unsloth_kernels():
     training stack): the packages are registered as bare namespaces over their installed files.
     Returns the module, or None when unsloth is not installed."""
     import importlib
+    import logging
     import types
     if "unsloth.kernels.utils" in sys.modules:
         return sys.modules["unsloth.kernels.utils"]
@@ -326,7 +327,11 @@ def import_unsloth_kernels():
         package = types.ModuleType(name)
         package.__path__ = list(spec.submodule_search_locations)
         sys.modules[name] = package
-    return importlib.import_module("unsloth.kernels.utils")
+    logging.disable(logging.WARNING)  # its import logs about training features not used here
+    try:
+        return importlib.import_module("unsloth.kernels.utils")
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def dequantizers(kernel_module) -> dict[str, Callable]:

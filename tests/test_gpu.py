@@ -86,19 +86,67 @@ def test_non_default_stream(kernel):
 def test_torch_compile_fullgraph_matches_eager(kernel, dtype):
     import torch._dynamo
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     helpers.set_seed(3407)
     mlp = helpers.MLP(1024, 4096, dtype, "cuda")
     X = torch.randn(2, 77, 1024, dtype=dtype, device="cuda")
+    layers = (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
 
     def forward(X, gate, up, down):
         weights = [kernel.triton_dequantize_nf4(layer) for layer in (gate, up, down)]
-        return helpers.mlp_with_weights(X, *weights, torch.nn.functional.silu)
+        return weights, helpers.mlp_with_weights(X, *weights, torch.nn.functional.silu)
 
-    eager = forward(X, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    def mlp_only(X, gate, up, down):
+        return helpers.mlp_with_weights(X, gate, up, down, torch.nn.functional.silu)
+
+    eager_weights, eager_out = forward(X, *layers)
     compiled = torch.compile(forward, fullgraph=True)
-    first = compiled(X, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    weights, out = compiled(X, *layers)
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     for _ in range(3):
-        assert torch.equal(compiled(X, mlp.gate_proj, mlp.up_proj, mlp.down_proj), eager)
-    assert torch.equal(first, eager)
+        again_weights, again = compiled(X, *layers)
+        assert torch.equal(again, out) and all(map(torch.equal, again_weights, weights))
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs, "recompiled"
+    # the kernel inside the graph: the same bits as eager
+    assert all(torch.equal(a, b) for a, b in zip(weights, eager_weights))
+    # the whole MLP: the same bits as Inductor's MLP fed the eager weights (Inductor's own SiLU
+    # rounds differently from eager's, so against eager it is assert_close)
+    assert torch.equal(out, torch.compile(mlp_only, fullgraph=True)(X, *eager_weights))
+    torch.testing.assert_close(out, eager_out)
+
+
+def test_cuda_graph_capture_and_replay(kernel):
+    import bitsandbytes.functional as bnbf
+    layer = helpers.make_layer(2048, 2048, torch.bfloat16)
+    W, qs = layer.weight, layer.weight.quant_state
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        kernel.triton_dequantize_nf4(layer)  # compile and plan outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernel.triton_dequantize_nf4(layer)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, bnbf.dequantize_4bit(W, qs))
+    W.data.random_(0, 256)  # the replay reads the weight as it is now
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, bnbf.dequantize_4bit(W, qs))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_weight_on_the_second_gpu(kernel):
+    import bitsandbytes.functional as bnbf
+    layer = helpers.make_layer(1024, 2048, torch.float16, device="cuda:1")
+    W, qs = layer.weight, layer.weight.quant_state
+    with torch.cuda.device(0):
+        first = kernel.triton_dequantize_nf4(layer)
+        second = kernel.triton_dequantize_nf4(layer)  # the cached launch, cuda:0 still current
+    with torch.cuda.device(1):
+        reference = bnbf.dequantize_4bit(W, qs)
+        third = kernel.triton_dequantize_nf4(layer)
+    assert first.device == second.device == torch.device("cuda:1")
+    assert torch.equal(first, reference) and torch.equal(second, reference) and torch.equal(third, reference)
