@@ -37,6 +37,13 @@ def test_random_layouts(kernel, chunk):
         except RuntimeError:  # a layout bitsandbytes does not make (storage of a size it can't fill)
             continue
         qs.dtype = layout["dtype"]
+        n = layout["shape"][0] * layout["shape"][1]
+        if W.numel() * W.element_size() < (n + 1) // 2:
+            # bitsandbytes' CUDA path rounds the storage down to whole storage elements, and its own
+            # dequantize then reads past the end of W: refused, never read out of bounds
+            with pytest.raises(ValueError, match="packs into"):
+                kernel.dequantize_nf4(W, qs)
+            continue
         out = kernel.dequantize_nf4(W, qs)
         refs = references(W, qs)
         assert refs
