@@ -28,22 +28,18 @@ def _layouts(seed, count):
 def test_random_layouts(kernel, chunk):
     checked = 0
     for layout in _layouts(1000 + chunk, 40 if GPU else 25):
+        n = layout["shape"][0] * layout["shape"][1]
+        if ((n + 1) // 2) % layout["quant_storage"].itemsize:
+            # bitsandbytes can't fill such a storage: on the CPU it refuses, on CUDA it makes one
+            # too short for the packed bytes (seen: 452 bytes for 455). The kernel refuses a
+            # short W (test_errors.py).
+            continue
         torch.manual_seed(checked)
         weight = torch.randn(layout["shape"], device=DEVICE) * layout["scale"]
-        try:
-            W, qs = bnbf.quantize_4bit(weight, blocksize=layout["blocksize"], quant_type=layout["quant_type"],
-                                       compress_statistics=layout["compress_statistics"],
-                                       quant_storage=layout["quant_storage"])
-        except RuntimeError:  # a layout bitsandbytes does not make (storage of a size it can't fill)
-            continue
+        W, qs = bnbf.quantize_4bit(weight, blocksize=layout["blocksize"], quant_type=layout["quant_type"],
+                                   compress_statistics=layout["compress_statistics"],
+                                   quant_storage=layout["quant_storage"])
         qs.dtype = layout["dtype"]
-        n = layout["shape"][0] * layout["shape"][1]
-        if W.numel() * W.element_size() < (n + 1) // 2:
-            # bitsandbytes' CUDA path rounds the storage down to whole storage elements, and its own
-            # dequantize then reads past the end of W: refused, never read out of bounds
-            with pytest.raises(ValueError, match="packs into"):
-                kernel.dequantize_nf4(W, qs)
-            continue
         out = kernel.dequantize_nf4(W, qs)
         refs = references(W, qs)
         assert refs
