@@ -21,15 +21,13 @@ SWEEP = [cfg for cfg in itertools.product((1024, 2048, 4096, 8192), (2, 4, 8), (
 
 
 def print_kernel_table(rows, methods):
-    head = f"{'shape':>12} {'dtype':>9}" + "".join(f"{m + ' us':>18}" for m in methods)
-    print(head + f"{'ceiling us':>12}{'ours GB/s':>11}" + "".join(f"{'x ' + m:>17}" for m in methods[1:]))
+    print(f"{'shape':>11} {'dtype':>9} |" + "".join(f"{m:>16} |" for m in methods)
+          + f"{'ceiling':>8} | ours/ceiling |" + "".join(f" x {m:<15}" for m in methods[1:]))
     for r in rows:
-        line = f"{r['shape']:>12} {r['dtype']:>9}"
-        line += "".join(f"{r[m + '_us']:>11.2f} ({r[m + '_p20_us']:.1f}-{r[m + '_p80_us']:.1f})"[-18:].rjust(18)
-                        for m in methods)
-        line += f"{r.get('ceiling_us', float('nan')):>12.2f}{r['ours_gbs']:>11.0f}"
-        line += "".join(f"{r[m + '_us'] / r['ours_us']:>16.3f}x" for m in methods[1:])
-        print(line)
+        print(f"{r['shape']:>11} {r['dtype']:>9} |"
+              + "".join(f"{r[m + '_us']:>10.2f} us   |" for m in methods)
+              + f"{r['ceiling_us']:>8.2f} | {r['ceiling_us'] / r['ours_us']:>12.1%} |"
+              + "".join(f" {r[m + '_us'] / r['ours_us']:>16.3f}x" for m in methods[1:]))
 
 
 def sweep(kernel, capability):

@@ -404,8 +404,10 @@ def device_copy_gbs(n_bytes: int = 1 << 30) -> float:
     return 2 * src.numel() * 2 / (bench(lambda: dst.copy_(src)).median_us * 1e-6) / 1e9
 
 
-def kernel_table(methods: dict[str, Callable], shapes=KERNEL_SHAPES, ceiling: bool = True) -> list[dict]:
-    """Per shape: each method's do_bench median (and quantiles), GB/s, and the copy ceiling."""
+def kernel_table(methods: dict[str, Callable], shapes=KERNEL_SHAPES, ceiling: bool = True,
+                 repeats: int = 3) -> list[dict]:
+    """Per shape: each method's do_bench time, GB/s, and the copy ceiling. The methods are timed in
+    turn, `repeats` rounds; each number is the median of the rounds' medians (p20/p80 likewise)."""
     rows = []
     for out_features, in_features, dtype in shapes:
         layer = make_layer(out_features, in_features, dtype)
@@ -413,8 +415,13 @@ def kernel_table(methods: dict[str, Callable], shapes=KERNEL_SHAPES, ceiling: bo
         n_bytes = packed_bytes(n, dtype)
         row = {"shape": f"{out_features}x{in_features}", "dtype": str(dtype).replace("torch.", ""),
                "bytes": n_bytes}
-        for name, fn in methods.items():
-            result = bench(lambda: fn(layer))
+        runs = {name: [] for name in methods}
+        for _ in range(repeats):
+            for name, fn in methods.items():
+                runs[name].append(bench(lambda: fn(layer)))
+        for name, results in runs.items():
+            result = BenchResult(*(statistics.median(getattr(r, field) for r in results)
+                                   for field in ("median_us", "p20_us", "p80_us")))
             row.update({f"{name}_us": result.median_us, f"{name}_p20_us": result.p20_us,
                         f"{name}_p80_us": result.p80_us, f"{name}_gbs": result.gbs(n_bytes)})
         if ceiling:

@@ -109,44 +109,12 @@ def test_torch_compile_fullgraph_matches_eager(kernel, dtype):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs, "recompiled"
     # the kernel inside the graph: the same bits as eager
     assert all(torch.equal(a, b) for a, b in zip(weights, eager_weights))
-    # the whole MLP: the same bits as Inductor's MLP fed the eager weights (Inductor's fused SiLU
-    # keeps the SiLU product in fp32 where eager rounds it: against eager, within fp16/bf16 rounding)
+    # the whole MLP: the same bits as Inductor's MLP fed the eager weights; against eager, within
+    # rounding, since Inductor's fused silu(a) * b rounds differently...
     assert torch.equal(out, torch.compile(mlp_only, fullgraph=True)(X, *eager_weights))
     torch.testing.assert_close(out, eager_out, atol=1e-2, rtol=1e-2)
-
-
-def test_cuda_graph_capture_and_replay(kernel):
-    import bitsandbytes.functional as bnbf
-    layer = helpers.make_layer(2048, 2048, torch.bfloat16)
-    W, qs = layer.weight, layer.weight.quant_state
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        kernel.triton_dequantize_nf4(layer)  # compile and plan outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = kernel.triton_dequantize_nf4(layer)
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, bnbf.dequantize_4bit(W, qs))
-    W.data.random_(0, 256)  # the replay reads the weight as it is now
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, bnbf.dequantize_4bit(W, qs))
-
-
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_weight_on_the_second_gpu(kernel):
-    import bitsandbytes.functional as bnbf
-    layer = helpers.make_layer(1024, 2048, torch.float16, device="cuda:1")
-    W, qs = layer.weight, layer.weight.quant_state
-    with torch.cuda.device(0):
-        first = kernel.triton_dequantize_nf4(layer)
-        second = kernel.triton_dequantize_nf4(layer)  # the cached launch, cuda:0 still current
-    with torch.cuda.device(1):
-        reference = bnbf.dequantize_4bit(W, qs)
-        third = kernel.triton_dequantize_nf4(layer)
-    assert first.device == second.device == torch.device("cuda:1")
-    assert torch.equal(first, reference) and torch.equal(second, reference) and torch.equal(third, reference)
+    # ...and bit for bit once Inductor is asked to round like eager
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(emulate_precision_casts=True):
+        _, emulated = torch.compile(forward, fullgraph=True)(X, *layers)
+    assert torch.equal(emulated, eager_out)
