@@ -277,17 +277,6 @@ def timed_loop(dequantize: Callable, mlp: MLP, iterations: int = 1000) -> float:
     return time.time() - start
 
 
-def test_dequantize(dequantize: Callable, reference: Callable, device: str = "cuda",
-                    cases=PROCEDURE_CASES, iterations: int = 1000, scale: int = 1) -> float:
-    """The published procedure for one function: elapsed seconds summed over the cases."""
-    elapsed = 0.0
-    for case in cases:
-        mlp, X = make_case(case, device, scale)
-        warmup_checks(dequantize, reference, mlp, X, case[-1])
-        elapsed += timed_loop(dequantize, mlp, iterations)
-    return elapsed
-
-
 def compare_procedure(methods: dict[str, Callable], reference: Callable, repeats: int = 3,
                       iterations: int = 1000, device: str = "cuda", cases=PROCEDURE_CASES,
                       scale: int = 1) -> dict[str, list[float]]:
@@ -386,15 +375,11 @@ def copy_ceiling_us(n_elements: int, configs=((1024, 4), (2048, 4), (4096, 8), (
     out = torch.empty(n_elements, dtype=torch.int16, device="cuda")
     best = None
     for block, warps in configs:
-        grid = (triton_cdiv(packed.numel(), block),)
+        grid = (-(-packed.numel() // block),)
         result = bench(lambda: kernel[grid](packed, out, packed.numel(), BYTES=block, num_warps=warps))
         if best is None or result.median_us < best.median_us:
             best = result
     return best
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def device_copy_gbs(n_bytes: int = 1 << 30) -> float:

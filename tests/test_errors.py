@@ -25,24 +25,25 @@ def test_missing_quant_state(kernel, layer):
         kernel.dequantize_nf4(layer.weight, None)
 
 
-def test_missing_field(kernel, layer):
+# (what is changed in a copy of a good quant state, the error, what its message must say)
+BROKEN_STATES = {
+    "missing field": (lambda qs: setattr(qs, "absmax", None), ValueError, r"quant_state\.absmax is missing"),
+    "output dtype": (lambda qs: setattr(qs, "dtype", torch.int8), TypeError, "output dtype torch.int8"),
+    "mismatched shape": (lambda qs: setattr(qs, "shape", torch.Size([64, 512])), ValueError, "packs into"),
+    "absmax dtype": (lambda qs: setattr(qs, "absmax", qs.absmax.float()), TypeError,
+                     "double-quantized absmax must be uint8"),
+    "absmax count": (lambda qs: setattr(qs, "absmax", qs.absmax[:-1]), ValueError, "absmax values for"),
+    "codebook dtype": (lambda qs: setattr(qs, "code", qs.code.half()), TypeError, "codebook"),
+    "blocksize": (lambda qs: setattr(qs, "blocksize", 48), ValueError, "blocksize 48 is not a power of two"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN_STATES)
+def test_broken_quant_state(kernel, layer, case):
+    change, error, message = BROKEN_STATES[case]
     qs = _state(layer)
-    qs.absmax = None
-    with pytest.raises(ValueError, match=r"quant_state\.absmax is missing"):
-        kernel.dequantize_nf4(layer.weight, qs)
-
-
-def test_unsupported_output_dtype(kernel, layer):
-    qs = _state(layer)
-    qs.dtype = torch.int8
-    with pytest.raises(TypeError, match="output dtype torch.int8"):
-        kernel.dequantize_nf4(layer.weight, qs)
-
-
-def test_mismatched_shape(kernel, layer):
-    qs = _state(layer)
-    qs.shape = torch.Size([64, 512])
-    with pytest.raises(ValueError, match="packs into"):
+    change(qs)
+    with pytest.raises(error, match=message):
         kernel.dequantize_nf4(layer.weight, qs)
 
 
@@ -57,34 +58,6 @@ def test_empty_weight(kernel, layer):
     qs.shape = torch.Size([0, 256])
     with pytest.raises(ValueError, match="empty"):
         kernel.dequantize_nf4(layer.weight.data[:0], qs)
-
-
-def test_wrong_absmax_dtype(kernel, layer):
-    qs = _state(layer)
-    qs.absmax = qs.absmax.float()
-    with pytest.raises(TypeError, match="double-quantized absmax must be uint8"):
-        kernel.dequantize_nf4(layer.weight, qs)
-
-
-def test_wrong_absmax_count(kernel, layer):
-    qs = _state(layer)
-    qs.absmax = qs.absmax[:-1]
-    with pytest.raises(ValueError, match="absmax values for"):
-        kernel.dequantize_nf4(layer.weight, qs)
-
-
-def test_wrong_codebook(kernel, layer):
-    qs = _state(layer)
-    qs.code = qs.code.half()
-    with pytest.raises(TypeError, match="codebook"):
-        kernel.dequantize_nf4(layer.weight, qs)
-
-
-def test_non_power_of_two_blocksize(kernel, layer):
-    qs = _state(layer)
-    qs.blocksize = 48
-    with pytest.raises(ValueError, match="blocksize 48 is not a power of two"):
-        kernel.dequantize_nf4(layer.weight, qs)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="the interpreter runs CPU tensors")

@@ -39,7 +39,6 @@ def test_many_seeds_and_scales(kernel, seed):
     # Weights of very different magnitudes exercise the scale's rounding (the no-FMA rule).
     torch.manual_seed(seed)
     dtype = DTYPES[seed % 3]
-    layer = helpers.make_layer(96, 256, dtype, device="cpu", seed=seed)
     with torch.no_grad():
         import bitsandbytes as bnb
         weight = torch.randn(96, 256) * 10.0 ** torch.randint(-6, 4, (96, 1)).float()
