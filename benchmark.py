@@ -31,26 +31,24 @@ def print_kernel_table(rows, methods):
 
 
 def sweep(kernel, capability):
-    """Kernel-only time of every SWEEP configuration, exactness checked for each."""
+    """Kernel-only time of every SWEEP configuration, each passed explicitly and checked exact."""
     import bitsandbytes.functional as bnbf
     rows = []
-    layers = [(s, helpers.make_layer(*s)) for s in helpers.KERNEL_SHAPES]
-    references = [bnbf.dequantize_4bit(layer.weight, layer.weight.quant_state) for _, layer in layers]
-    saved = kernel.LAUNCH_CONFIGS.get(capability)
-    try:
-        for config in SWEEP:
-            kernel.LAUNCH_CONFIGS[capability] = [(None, config)]
-            row = {"config": list(config)}
-            for ((o, i, dtype), layer), reference in zip(layers, references):
-                layer.weight.quant_state.__dict__.pop(kernel._PLAN, None)
-                assert torch.equal(kernel.triton_dequantize_nf4(layer), reference), config
-                row[f"{o}x{i}"] = helpers.bench(lambda: kernel.triton_dequantize_nf4(layer)).median_us
-            rows.append(row)
-            print(row, flush=True)
-    finally:
-        kernel.LAUNCH_CONFIGS[capability] = saved
-        for _, layer in layers:
-            layer.weight.quant_state.__dict__.pop(kernel._PLAN, None)
+    cases = []
+    for out_features, in_features, dtype in helpers.KERNEL_SHAPES:
+        layer = helpers.make_layer(out_features, in_features, dtype)
+        layout = kernel.nf4_layout(layer.weight, layer.weight.quant_state)
+        reference = bnbf.dequantize_4bit(layer.weight, layer.weight.quant_state)
+        cases.append((f"{out_features}x{in_features}", layout, reference, torch.empty_like(reference)))
+    for config in SWEEP:
+        config = kernel.LaunchConfig(*config)
+        row = {"config": list(config)}
+        for name, layout, reference, out in cases:
+            kernel.launch_nf4(layout, out, config, capability)
+            assert torch.equal(out, reference), config
+            row[name] = helpers.bench(lambda: kernel.launch_nf4(layout, out, config, capability)).median_us
+        rows.append(row)
+        print(row, flush=True)
     return rows
 
 
@@ -73,7 +71,7 @@ def main(argv=None):
     print({k: v for k, v in env.items() if k != "baselines"})
     print("methods:", list(methods))
     capability = torch.cuda.get_device_capability()
-    tables = {"launch_config": kernel.LAUNCH_CONFIGS.get(capability, kernel.LAUNCH_CONFIGS[None])}
+    tables = {"launch_configs": kernel.LAUNCH_CONFIGS.get(capability)}
     if args.sweep:
         tables["sweep"] = sweep(kernel, capability)
     rows = helpers.kernel_table(methods)

@@ -1,59 +1,60 @@
-"""Compiles the notebook's kernel offline for a GPU target and prints what the tests check, as
-JSON. Run in its own process: the interpreter, once used, patches triton.language for good."""
+"""What a T4 (sm_75) and a Hopper GPU (sm_90) will run, built offline by Triton's own JIT over the
+stand-in GPU of offline_gpu.py: the kernel on a real layout with each configuration that GPU can
+pick (sm_75: every tuning candidate, as no T4 entry is measured; sm_90: the measured entries) and
+each output dtype. Prints one JSON line. Run in its own process.
+"""
 import json
-import os
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-os.environ.pop("TRITON_INTERPRET", None)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+import offline_gpu  # noqa: E402  (before torch and triton are used)
+import torch  # noqa: E402
+import bitsandbytes.functional as bnbf  # noqa: E402
 
 import helpers  # noqa: E402
 
-OUT = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}
+OUT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def compile_kernel(kernel_module, capability: int, out: str, config, blocksize=64, nested=True):
-    weights_per_program, num_warps, lookup, stream = config
-    signature = {"packed_ptr": "*u8", "absmax_ptr": "*u8" if nested else "*fp32",
-                 "absmax2_ptr": "*fp32", "code2_ptr": "*fp32", "offset_ptr": "*fp32",
-                 "code_ptr": "*fp32", "out_ptr": OUT[out], "n_elements": "i32"}
-    constexprs = dict(BLOCKSIZE=blocksize, BLOCKSIZE2=256, NESTED=nested,
-                      BLOCKS_PER_PROGRAM=max(1, weights_per_program // blocksize), MASKED=False,
-                      WIDE=False, LOOKUP=lookup, PTX=True, BF16_RNE=False, STREAM=stream)
-    signature.update({name: "constexpr" for name in constexprs})
-    # What the JIT specializes for 16-byte aligned pointers and sizes divisible by 16.
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(8)}
-    source = ASTSource(kernel_module._dequantize_4bit_kernel, signature, constexprs, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                          options={"num_warps": num_warps})
+def build(kernel, capability, dtype, config, shape=(256, 256)):
+    """The kernel compiled by Triton's JIT for `capability`, as the wrapper would launch it."""
+    W, qs = bnbf.quantize_4bit(torch.randn(shape), blocksize=64, quant_type="nf4", compress_statistics=True)
+    qs.dtype = dtype
+    layout = kernel.nf4_layout(W, qs)
+    out = torch.empty(layout.shape, dtype=dtype)
+    return kernel.launch_nf4(layout, out, config, divmod(capability, 10))
 
 
-def ptxas_report(ptx: str, capability: int) -> str:
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+def ptxas_report(ptx, capability):
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.ptx"
         path.write_text(ptx)
-        result = subprocess.run([str(ptxas), "-v", f"--gpu-name=sm_{capability}{'a' if capability >= 90 else ''}", str(path),
+        arch = f"sm_{capability}{'a' if capability >= 90 else ''}"
+        result = subprocess.run([offline_gpu.ptxas_path(capability), "-v", f"--gpu-name={arch}", str(path),
                                  "-o", str(Path(tmp) / "kernel.cubin")], capture_output=True, text=True)
     return result.stderr + result.stdout + f"\nexit {result.returncode}"
 
 
+def configs_for(kernel, capability):
+    measured = kernel.LAUNCH_CONFIGS.get(divmod(capability, 10))
+    return [config for _, config in measured] if measured else list(kernel.TUNING_CANDIDATES)
+
+
 def main():
-    kernel = helpers.load_kernel_cells()
     report = []
+    kernel = None
     for capability in (75, 90):
-        table = kernel.LAUNCH_CONFIGS.get((capability // 10, capability % 10), kernel.LAUNCH_CONFIGS[None])
-        for _, config in table:
-            for out in OUT:
-                compiled = compile_kernel(kernel, capability, out, config)
+        offline_gpu.install(capability)
+        kernel = kernel or helpers.load_kernel_cells()
+        for config in configs_for(kernel, capability):
+            for out, dtype in OUT.items():
+                compiled = build(kernel, capability, dtype, config)
                 ptx = compiled.asm["ptx"]
                 report.append({
                     "capability": capability, "out": out, "config": list(config),
@@ -62,8 +63,9 @@ def main():
                     "cubin_bytes": len(compiled.asm["cubin"]),
                     "ptxas": ptxas_report(ptx, capability),
                     "inline_ptx": "mul.rn.f32" in ptx and "add.rn.f32" in ptx,
+                    "native_bf16_cvt": bool(re.search(r"cvt\.\S*bf16", ptx)),
                 })
-    print(json.dumps(report))
+    print(json.dumps({"triton": offline_gpu.triton.__version__, "builds": report}))
 
 
 if __name__ == "__main__":

@@ -31,5 +31,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def kernel():
+    """The notebook's kernel cells as a module; NF4_NOTEBOOK=path tests another notebook's."""
     import helpers
-    return helpers.load_kernel_cells()
+    notebook = os.environ.get("NF4_NOTEBOOK")
+    return helpers.load_kernel_cells(Path(notebook)) if notebook else helpers.load_kernel_cells()

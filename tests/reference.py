@@ -12,8 +12,10 @@ def flat_dequantize_4bit(W, quant_state):
     qs = quant_state
     absmax = qs.absmax
     if qs.nested:
-        absmax = bnbf.dequantize_blockwise(qs.absmax, qs.state2) + qs.offset
-    return compute(W.view(torch.uint8).reshape(-1), absmax, qs.code, qs.blocksize, qs.shape, qs.dtype)
+        absmax = bnbf.dequantize_blockwise(qs.absmax, qs.state2)
+        absmax += qs.offset  # in place, as dequantize_4bit: the sum stays fp32
+    out = compute(W.view(torch.uint8).reshape(-1), absmax, qs.code, qs.blocksize, qs.shape, qs.dtype)
+    return out.t() if W.shape[0] == 1 else out  # as dequantize_4bit returns a (1, n) packed weight
 
 
 def references(W, quant_state):

@@ -1,5 +1,5 @@
-"""What the T4 (sm_75) and Hopper (sm_90) will run, checked without a GPU: the kernel compiled
-offline with each shipped launch configuration, for fp16, bf16 and fp32 outputs."""
+"""What the T4 (sm_75) and Hopper (sm_90) will run, checked without a GPU: the kernel built by the
+installed Triton's JIT for each configuration that GPU can pick, for fp16, bf16 and fp32 outputs."""
 import json
 import re
 import subprocess
@@ -10,45 +10,51 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def report():
+def builds():
     script = Path(__file__).with_name("compile_targets.py")
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])["builds"]
 
 
-def test_every_target_and_dtype_compiled(report):
-    assert {(r["capability"], r["out"]) for r in report} == {
+def test_every_target_and_dtype_compiled(builds):
+    assert {(b["capability"], b["out"]) for b in builds} == {
         (c, o) for c in (75, 90) for o in ("fp16", "bf16", "fp32")}
 
 
-def test_output_stores_are_16_byte_vectors(report):
-    for r in report:
-        assert r["stores"], r
-        assert all(".v4." in s for s in r["stores"]), (r["capability"], r["out"], r["stores"])
+def test_output_stores_are_16_byte_vectors(builds):
+    for b in builds:
+        assert b["stores"], b
+        assert all(".v4." in s for s in b["stores"]), (b["capability"], b["out"], b["stores"])
 
 
-def test_packed_weight_loads_are_vectorized(report):
-    for r in report:
+def test_packed_weight_loads_are_vectorized(builds):
+    for b in builds:
         # the streamed packed bytes: the one global load of 8 or 16 bytes per thread
-        wide = [s for s in r["loads"] if re.search(r"\.v[24]\.b32", s)]
-        assert wide, (r["capability"], r["out"], r["loads"])
+        assert [s for s in b["loads"] if re.search(r"\.v[24]\.b32", s)], (b["capability"], b["out"], b["loads"])
 
 
-def test_ptxas_accepts_the_code_without_spills(report):
-    for r in report:
-        assert r["cubin_bytes"] > 0
-        assert r["ptxas"].rstrip().endswith("exit 0"), r["ptxas"]
-        assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", r["ptxas"]), r["ptxas"]
-        assert f"sm_{r['capability']}" in r["ptxas"]
+def test_ptxas_accepts_the_code_without_spills(builds):
+    for b in builds:
+        assert b["cubin_bytes"] > 0
+        assert b["ptxas"].rstrip().endswith("exit 0"), b["ptxas"]
+        assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", b["ptxas"]), b["ptxas"]
+        assert f"sm_{b['capability']}" in b["ptxas"]
 
 
-def test_scale_uses_the_inline_ptx(report):
-    assert all(r["inline_ptx"] for r in report)
+def test_scale_uses_the_inline_ptx(builds):
+    assert all(b["inline_ptx"] for b in builds)
 
 
-def test_stream_hints_where_configured(report):
-    for r in report:
-        evict_first = any("evict_first" in s for s in r["stores"] + r["loads"])
-        assert evict_first == bool(r["config"][3]), (r["capability"], r["config"])
-        assert any("evict_last" in s for s in r["loads"]), "tables must be evict_last"
+def test_bf16_on_sm75_is_rounded_by_the_kernel(builds):
+    # sm_75 has no cvt to bf16 (Triton 3.2 would emit one that ptxas refuses): the kernel rounds
+    for b in builds:
+        if b["capability"] == 75:
+            assert not b["native_bf16_cvt"], (b["out"], b["config"])
+
+
+def test_stream_hints_where_configured(builds):
+    for b in builds:
+        evict_first = any("evict_first" in s for s in b["stores"] + b["loads"])
+        assert evict_first == bool(b["config"][3]), (b["capability"], b["config"])
+        assert any("evict_last" in s for s in b["loads"]), "tables must be evict_last"

@@ -1,5 +1,4 @@
 """The kernel cells against bitsandbytes, torch.equal, in the interpreter (CPU) or on the GPU."""
-import math
 
 import pytest
 import torch

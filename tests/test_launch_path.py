@@ -1,0 +1,184 @@
+"""The launch path as people use it: a weight called both ways, its quant state replaced or moved,
+the weight pickled, saved and copied after a call, offsets of other dtypes. Every result is
+compared with bitsandbytes; on the CPU the kernel runs in the interpreter, on a GPU through the
+direct launch. These tests use only dequantize_nf4 and triton_dequantize_nf4, so they run against
+any version of the kernel cells (NF4_NOTEBOOK=path picks the notebook)."""
+import copy
+import gc
+import io
+import pickle
+import threading
+
+import pytest
+import torch
+import bitsandbytes.functional as bnbf
+
+import helpers
+from conftest import DEVICE
+from reference import references
+
+
+def _layer(shape=(96, 320), dtype=torch.bfloat16, seed=0):
+    return helpers.make_layer(*shape, dtype, device=DEVICE, seed=seed)
+
+
+def _assert_bnb(out, W, qs):
+    refs = references(W, qs)
+    assert refs
+    for name, ref in refs.items():
+        assert out.shape == ref.shape and out.stride() == ref.stride(), (name, out.stride(), ref.stride())
+        assert torch.equal(out, ref), f"{(out != ref).sum().item()} of {ref.numel()} values differ ({name})"
+
+
+def test_transposed_call_after_the_plain_one(kernel):
+    # bitsandbytes' own Linear4bit and unsloth's LoRA code pass W.t(); the procedure passes W
+    layer = _layer()
+    W, qs = layer.weight, layer.weight.quant_state
+    for packed in (W, W.t(), W, W.t().t(), W.t()):
+        _assert_bnb(kernel.dequantize_nf4(packed, qs), packed, qs)
+
+
+@pytest.mark.parametrize("field", ["state2.absmax", "state2.code", "absmax", "code", "offset"])
+def test_quant_state_tensor_replaced_after_a_call(kernel, field):
+    # loading a checkpoint replaces these tensors; the next call must read the new ones
+    layer, donor = _layer(seed=1), _layer(seed=2)
+    W, qs = layer.weight, layer.weight.quant_state
+    kernel.triton_dequantize_nf4(layer)
+    owner, name = (qs.state2, field[7:]) if field.startswith("state2.") else (qs, field)
+    donor_owner = donor.weight.quant_state.state2 if field.startswith("state2.") else donor.weight.quant_state
+    setattr(owner, name, getattr(donor_owner, name).clone())
+    _assert_bnb(kernel.triton_dequantize_nf4(layer), W, qs)
+
+
+def test_quant_state_tensor_storage_swapped_in_place(kernel):
+    # `.data =` keeps the tensor object and changes its memory
+    layer, donor = _layer(seed=3), _layer(seed=4)
+    W, qs = layer.weight, layer.weight.quant_state
+    kernel.triton_dequantize_nf4(layer)
+    qs.state2.absmax.data = donor.weight.quant_state.state2.absmax.clone()
+    qs.absmax.data = donor.weight.quant_state.absmax.clone()
+    _assert_bnb(kernel.triton_dequantize_nf4(layer), W, qs)
+
+
+def test_weight_storage_replaced_after_a_call(kernel):
+    layer = _layer(seed=5)
+    W = layer.weight
+    kernel.triton_dequantize_nf4(layer)
+    W.data = W.data.clone()
+    W.data.random_(0, 256)
+    _assert_bnb(kernel.triton_dequantize_nf4(layer), W, W.quant_state)
+
+
+def test_output_dtype_changed_after_a_call(kernel):
+    layer = _layer(dtype=torch.float16, seed=6)
+    kernel.triton_dequantize_nf4(layer)
+    for dtype in (torch.bfloat16, torch.float32, torch.float16):
+        layer.weight.quant_state.dtype = dtype
+        _assert_bnb(kernel.triton_dequantize_nf4(layer), layer.weight, layer.weight.quant_state)
+
+
+def test_a_broken_quant_state_after_a_good_call_is_refused(kernel):
+    layer = _layer(seed=7)
+    kernel.triton_dequantize_nf4(layer)
+    layer.weight.quant_state.dtype = torch.int8
+    with pytest.raises(TypeError, match="output dtype torch.int8"):
+        kernel.triton_dequantize_nf4(layer)
+
+
+def test_weight_pickles_saves_and_copies_after_a_call(kernel):
+    mlp = helpers.MLP(128, 256, torch.bfloat16, DEVICE)
+    expected = [kernel.triton_dequantize_nf4(layer) for layer in mlp.layers()]
+    for layer in mlp.layers():
+        restored = pickle.loads(pickle.dumps(layer.weight))
+        assert torch.equal(restored.data, layer.weight.data)
+    buffer = io.BytesIO()
+    torch.save(mlp, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    copied = copy.deepcopy(mlp)
+    for model in (loaded, copied):
+        for layer, ref in zip(model.layers(), expected):
+            assert torch.equal(kernel.triton_dequantize_nf4(layer), ref)
+
+
+@pytest.mark.parametrize("offset_dtype", [torch.float16, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("dims", [0, 1])
+def test_offset_of_another_dtype(kernel, offset_dtype, dims):
+    # bitsandbytes accepts these (pre-quantized checkpoints) and adds them as `absmax += offset`
+    layer = _layer(seed=8)
+    W, qs = layer.weight, layer.weight.quant_state
+    qs.offset = (qs.offset + 0.0123456789).to(offset_dtype).reshape([1] * dims)
+    _assert_bnb(kernel.triton_dequantize_nf4(layer), W, qs)
+    _assert_bnb(kernel.triton_dequantize_nf4(layer), W, qs)
+
+
+@pytest.mark.parametrize("dims", [0, 1])
+def test_fp64_offset_that_fp32_cannot_hold(kernel, dims):
+    # An fp64 offset a quarter of an fp32 step above an fp32 number: adding it in fp64 and adding
+    # its fp32 rounding give different scales (fp32 output shows them). Ours must do what
+    # bitsandbytes does on this device, whichever that is.
+    layer = _layer(shape=(64, 4096), dtype=torch.float32, seed=9)
+    W, qs = layer.weight, layer.weight.quant_state
+    below = qs.offset.float().reshape([1] * dims)
+    step = torch.nextafter(below, torch.full_like(below, float("inf"))) - below
+    as_fp32 = copy.copy(qs)
+    as_fp32.offset = below
+    qs.offset = below.double() + step.double() / 4
+    ours = kernel.triton_dequantize_nf4(layer)
+    _assert_bnb(ours, W, qs)
+    # torch adds a dimensioned fp64 offset in fp64 (a 0-dim one as its fp32 rounding): this case
+    # must have taken the fp64 path for the test to mean anything
+    assert dims == 0 or not torch.equal(ours, bnbf.dequantize_4bit(W, as_fp32))
+
+
+@pytest.mark.gpu  # Triton's interpreter patches triton.language while it runs: one thread only
+def test_many_threads_at_once(kernel):
+    layers = [_layer(seed=10 + i) for i in range(4)]
+    expected = [bnbf.dequantize_4bit(layer.weight, layer.weight.quant_state) for layer in layers]
+    failures = []
+
+    def work(layer, ref):
+        try:
+            for _ in range(50):
+                if not torch.equal(kernel.triton_dequantize_nf4(layer), ref):
+                    failures.append("different values")
+        except Exception as error:  # an exception in a thread would otherwise pass unseen
+            failures.append(repr(error))
+
+    threads = [threading.Thread(target=work, args=pair) for pair in zip(layers, expected)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[:3]
+
+
+def test_plans_live_outside_bitsandbytes_and_die_with_the_weight(kernel):
+    if not hasattr(kernel, "_PLANS"):
+        pytest.skip("these kernel cells keep no plan table")
+    layer = _layer(seed=20)
+    qs = layer.weight.quant_state
+    before = dict(vars(qs))
+    kernel.triton_dequantize_nf4(layer)
+    assert set(vars(qs)) == set(before), "dequantize_nf4 stored something on the QuantState"
+    key = id(qs)
+    assert key in kernel._PLANS
+    del layer, qs
+    gc.collect()
+    assert key not in kernel._PLANS
+
+
+@pytest.mark.gpu
+def test_fast_path_is_the_direct_launch_and_can_be_switched_off(kernel, monkeypatch):
+    layer = _layer(seed=21)
+    W, qs = layer.weight, layer.weight.quant_state
+    kernel.triton_dequantize_nf4(layer)
+    (plan,) = kernel._PLANS[id(qs)].values()
+    assert plan.launch.__name__ == "replay", "the direct launch declined on this Triton"
+    _assert_bnb(kernel.triton_dequantize_nf4(layer), W, qs)
+    monkeypatch.setattr(kernel, "FAST_LAUNCH", False)
+    other = _layer(seed=22)
+    kernel.triton_dequantize_nf4(other)
+    (plan,) = kernel._PLANS[id(other.weight.quant_state)].values()
+    assert plan.launch.__name__ == "launch", "NF4_FAST_LAUNCH=0 must keep Triton's launch"
+    _assert_bnb(kernel.triton_dequantize_nf4(other), other.weight, other.weight.quant_state)
