@@ -50,16 +50,6 @@ def test_quant_state_tensor_replaced_after_a_call(kernel, field):
     _assert_bnb(kernel.triton_dequantize_nf4(layer), W, qs)
 
 
-def test_quant_state_tensor_storage_swapped_in_place(kernel):
-    # `.data =` keeps the tensor object and changes its memory
-    layer, donor = _layer(seed=3), _layer(seed=4)
-    W, qs = layer.weight, layer.weight.quant_state
-    kernel.triton_dequantize_nf4(layer)
-    qs.state2.absmax.data = donor.weight.quant_state.state2.absmax.clone()
-    qs.absmax.data = donor.weight.quant_state.absmax.clone()
-    _assert_bnb(kernel.triton_dequantize_nf4(layer), W, qs)
-
-
 def test_weight_storage_replaced_after_a_call(kernel):
     layer = _layer(seed=5)
     W = layer.weight
@@ -173,12 +163,44 @@ def test_fast_path_is_the_direct_launch_and_can_be_switched_off(kernel, monkeypa
     layer = _layer(seed=21)
     W, qs = layer.weight, layer.weight.quant_state
     kernel.triton_dequantize_nf4(layer)
-    (plan,) = kernel._PLANS[id(qs)].values()
+    plan = kernel._PLANS[id(qs)]
     assert plan.launch.__name__ == "replay", "the direct launch declined on this Triton"
     _assert_bnb(kernel.triton_dequantize_nf4(layer), W, qs)
     monkeypatch.setattr(kernel, "FAST_LAUNCH", False)
     other = _layer(seed=22)
     kernel.triton_dequantize_nf4(other)
-    (plan,) = kernel._PLANS[id(other.weight.quant_state)].values()
+    plan = kernel._PLANS[id(other.weight.quant_state)]
     assert plan.launch.__name__ == "launch", "NF4_FAST_LAUNCH=0 must keep Triton's launch"
     _assert_bnb(kernel.triton_dequantize_nf4(other), other.weight, other.weight.quant_state)
+
+
+def _distinct_equal(value):
+    # an equal value that is another object, where one exists
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, torch.Size):
+        return torch.Size(list(value))
+    if isinstance(value, int) and not -5 <= value <= 256:
+        return int(str(value))
+    if type(value).__name__ == "QuantState":
+        return copy.copy(value)
+    return None  # dtypes and small ints are singletons
+
+
+def test_every_listed_field_is_compared_on_every_call(kernel):
+    if not hasattr(kernel, "QUANT_STATE_FIELDS"):
+        pytest.skip("these kernel cells list no fields")
+    fields = [(None, name) for name in kernel.QUANT_STATE_FIELDS]
+    fields += [("state2", name) for name in kernel.STATE2_FIELDS]
+    for owner_name, name in fields:
+        layer = _layer(seed=30)
+        qs = layer.weight.quant_state
+        kernel.triton_dequantize_nf4(layer)
+        plan = kernel._PLANS[id(qs)]
+        owner = qs if owner_name is None else getattr(qs, owner_name)
+        replacement = _distinct_equal(getattr(owner, name))
+        if replacement is None:
+            continue
+        setattr(owner, name, replacement)
+        _assert_bnb(kernel.triton_dequantize_nf4(layer), layer.weight, qs)
+        assert kernel._PLANS[id(qs)] is not plan, f"replacing {owner_name or 'quant_state'}.{name} went unseen"
