@@ -63,3 +63,11 @@ def test_cpu_tensor_outside_the_interpreter(kernel):
     cpu_layer = helpers.make_layer(64, 256, torch.bfloat16, device="cpu")
     with pytest.raises(ValueError, match="runs on CUDA"):
         kernel.triton_dequantize_nf4(cpu_layer)
+
+
+def test_field_deleted_after_a_good_call(kernel, layer):
+    qs = _state(layer)
+    kernel.dequantize_nf4(layer.weight, qs)
+    del qs.code
+    with pytest.raises(ValueError, match=r"quant_state\.code is missing"):
+        kernel.dequantize_nf4(layer.weight, qs)
