@@ -1,7 +1,8 @@
 """What a T4 (sm_75) and a Hopper GPU (sm_90) will run, built offline by Triton's own JIT over the
 stand-in GPU of offline_gpu.py: the kernel on a real layout with each configuration that GPU can
 pick (sm_75: every tuning candidate, as no T4 entry is measured; sm_90: the measured entries) and
-each output dtype. Prints one JSON line. Run in its own process.
+each output dtype; and the oldest GPU the wrapper accepts (MIN_CAPABILITY, sm_70) with the default
+configuration. Prints one JSON line. Run in its own process.
 """
 import json
 import re
@@ -42,6 +43,8 @@ def ptxas_report(ptx, capability):
 
 
 def configs_for(kernel, capability):
+    if divmod(capability, 10) == kernel.MIN_CAPABILITY:
+        return [kernel.DEFAULT_CONFIG]
     measured = kernel.LAUNCH_CONFIGS.get(divmod(capability, 10))
     return [config for _, config in measured] if measured else list(kernel.TUNING_CANDIDATES)
 
@@ -49,7 +52,7 @@ def configs_for(kernel, capability):
 def main():
     report = []
     kernel = None
-    for capability in (75, 90):
+    for capability in (70, 75, 90):
         offline_gpu.install(capability)
         kernel = kernel or helpers.load_kernel_cells()
         for config in configs_for(kernel, capability):
@@ -65,7 +68,8 @@ def main():
                     "inline_ptx": "mul.rn.f32" in ptx and "add.rn.f32" in ptx,
                     "native_bf16_cvt": bool(re.search(r"cvt\.\S*bf16", ptx)),
                 })
-    print(json.dumps({"triton": offline_gpu.triton.__version__, "builds": report}))
+    minimum = kernel.MIN_CAPABILITY[0] * 10 + kernel.MIN_CAPABILITY[1]
+    print(json.dumps({"triton": offline_gpu.triton.__version__, "min_capability": minimum, "builds": report}))
 
 
 if __name__ == "__main__":
