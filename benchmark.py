@@ -1,14 +1,28 @@
 """Benchmark the notebook's kernel against unsloth's fast_dequantize (fused and classic paths) and
 bitsandbytes on the GPU this runs on; print the tables and write results/<gpu>/benchmark.json.
 
-    python benchmark.py              # kernel-only table, the published procedure, CPU cost per call
+    python benchmark.py              # kernel-only GPU time, host time per call, the procedure and
+                                     # where its time goes
     python benchmark.py --sweep      # also time every configuration in SWEEP: results/<gpu>/sweep.json
+    python benchmark.py --verify results/<gpu>/notebook.json
+                                     # re-measure that file's kernel table with the profiler
+    python benchmark.py --headline [results/<gpu>]
+                                     # rewrite the README's and the notebook's headline tables
+    python benchmark.py --table-entry results/<gpu>/notebook.json
+                                     # a LAUNCH_CONFIGS entry from that run's tuned configurations
+
+--headline and --table-entry run anywhere (no GPU).
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import collections
 import itertools
+import json
+import re
 import sys
+from pathlib import Path
 
 import torch
 
@@ -18,23 +32,22 @@ import helpers
 # for every size. The sweep behind the shipped table: results/<gpu>/sweep.json.
 SWEEP = [cfg for cfg in itertools.product((1024, 2048, 4096, 8192), (2, 4, 8), (0, 1, 2), (True, False))
          if cfg[0] // (32 * cfg[1]) >= 8]
+README = helpers.ROOT / "README.md"
+COLUMNS = {"ours": "ours", "unsloth_fused": "unsloth `fast_dequantize` (fused Triton, default)",
+           "unsloth_classic": "unsloth classic path (bnb ctypes)", "bnb": "bnb `dequantize_4bit`"}
+SHORT = {"unsloth_fused": "the fused path", "unsloth_classic": "the classic path", "bnb": "bnb"}
+HEADLINE = re.compile(r"<!-- headline:start (?P<source>\S+) -->\n(?P<body>.*?)<!-- headline:end -->", re.S)
+AGREEMENT = 0.05  # --verify: the largest relative difference accepted
 
 
-def print_kernel_table(rows, methods):
-    print(f"{'shape':>11} {'dtype':>9} |" + "".join(f"{m:>16} |" for m in methods)
-          + f"{'ceiling':>8} | ours/ceiling |" + "".join(f" x {m:<15}" for m in methods[1:]))
-    for r in rows:
-        print(f"{r['shape']:>11} {r['dtype']:>9} |"
-              + "".join(f"{r[m + '_us']:>10.2f} us   |" for m in methods)
-              + f"{r['ceiling_us']:>8.2f} | {r['ceiling_us'] / r['ours_us']:>12.1%} |"
-              + "".join(f" {r[m + '_us'] / r['ours_us']:>16.3f}x" for m in methods[1:]))
-
-
+# ---------------------------------------------------------------------------------------------
+# Measuring (GPU)
+# ---------------------------------------------------------------------------------------------
 def sweep(kernel, capability):
-    """Kernel-only time of every SWEEP configuration, each passed explicitly and checked exact."""
+    """GPU time of every SWEEP configuration, each passed explicitly and checked exact."""
     import bitsandbytes.functional as bnbf
-    rows = []
-    cases = []
+    flush = helpers.L2Flush()
+    rows, cases = [], []
     for out_features, in_features, dtype in helpers.KERNEL_SHAPES:
         layer = helpers.make_layer(out_features, in_features, dtype)
         layout = kernel.nf4_layout(layer.weight, layer.weight.quant_state)
@@ -46,23 +59,282 @@ def sweep(kernel, capability):
         for name, layout, reference, out in cases:
             kernel.launch_nf4(layout, out, config, capability)
             assert torch.equal(out, reference), config
-            row[name] = helpers.bench(lambda: kernel.launch_nf4(layout, out, config, capability)).median_us
+            launch = lambda: kernel.launch_nf4(layout, out, config, capability)
+            row[name] = helpers.gpu_time(launch, calls=30, flush=flush).median_us
         rows.append(row)
         print(row, flush=True)
     return rows
 
 
+def verify(path: Path, methods: dict) -> bool:
+    """Re-measure every method and shape of a results file's kernel table (and its ceiling) with
+    `helpers.profiled_mean_us`, a profiler reading that does not split calls; print both and
+    return whether all agree within AGREEMENT."""
+    rows = json.loads(Path(path).read_text())["kernel"]
+    flush = helpers.L2Flush()
+    agree = True
+    print(f"{'shape':>16} {'method':>16} {'file':>9} {'profiler':>9} {'diff':>7}")
+    for row in rows:
+        out_features, in_features = map(int, row["shape"].split("x"))
+        layer = helpers.make_layer(out_features, in_features, getattr(torch, row["dtype"]))
+        timed = {name: (lambda fn=fn, layer=layer: fn(layer)) for name, fn in methods.items() if f"{name}_us" in row}
+        if "ceiling_config" in row:
+            timed["ceiling"] = helpers.ceiling_launch(out_features * in_features, *row["ceiling_config"])
+        for name, fn in timed.items():
+            measured = helpers.profiled_mean_us(fn, calls=100, flush=flush)
+            difference = measured / row[f"{name}_us"] - 1
+            agree &= abs(difference) <= AGREEMENT
+            print(f"{row['shape'] + ' ' + helpers.short_dtype(row['dtype']):>16} {name:>16} "
+                  f"{row[f'{name}_us']:>9.2f} {measured:>9.2f} {difference:>+7.1%}")
+        del layer, timed
+    return agree
+
+
+# ---------------------------------------------------------------------------------------------
+# The headline tables of the README and the notebook, from a results directory
+# ---------------------------------------------------------------------------------------------
+def _ratio(base: float, ours: float, bold: bool = False) -> str:
+    text = f"{base / ours:.2f}x"
+    return f"**{text}**" if bold else text
+
+
+def _load(directory: Path, name: str) -> dict | None:
+    path = helpers.ROOT / directory / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _measured_on(env: dict) -> str:
+    return (f"**{env['gpu']}** (driver {env['driver']}, torch {env['torch']}, triton {env['triton']}, "
+            f"bitsandbytes {env['bitsandbytes']}, unsloth {env['unsloth']}), {env['date']}")
+
+
+def _kernel_method(results: dict) -> str:
+    if "measurement" in results:
+        samples = results["kernel"][0].get("ours_samples")
+        return ("GPU time per call (CUPTI kernel durations via torch.profiler, L2 flushed before each "
+                f"call), median of {samples} calls")
+    return ("`triton.testing.do_bench` (CUDA events around the Python call), median: measured before "
+            "this project timed kernels by GPU time, so host time can leak in where a method's host "
+            "cost is longer than the L2 flush before it")
+
+
+def headline(source: str, where: str) -> str:
+    """The headline block (between the markers) for `where`, 'readme' or 'notebook', made from
+    `source`/notebook.json; the README's also from `source`/benchmark.json and sweep.json."""
+    results = _load(source, "notebook.json")
+    if results is None:
+        raise FileNotFoundError(f"{source}/notebook.json")
+    env, procedure, rows = results["environment"], results["procedure"], results["kernel"]
+    methods = [m for m in COLUMNS if m in procedure]
+    baselines = methods[1:]
+    runs = len(procedure["ours"].get("runs_s", [])) or 1
+    by = "the run shown below" if where == "notebook" else "the notebook run committed here"
+    lines = [f"Measured on {_measured_on(env)}, by {by} (`{source}/notebook.json`; "
+             "`python benchmark.py --headline` writes this table from that file). **No T4 number is "
+             "claimed**: the notebook measures whatever GPU it runs on. In brackets: baseline time / ours.",
+             "",
+             "| | " + " | ".join(COLUMNS[m] for m in methods) + " |",
+             "|---" * (len(methods) + 1) + "|"]
+    ours_s = procedure["ours"]["median_s"]
+    lines.append(f"| published `test_dequantize` procedure, s (wall clock, median of {runs}) | {ours_s:.3f} | "
+                 + " | ".join(f"{procedure[b]['median_s']:.3f} ({_ratio(procedure[b]['median_s'], ours_s, True)})"
+                              for b in baselines) + " |")
+    splits = {b: helpers.saved_per_call(procedure, b) for b in baselines}
+    if all(splits.values()):
+        lines.append("| of the time saved per call in the procedure: kernel + launch path, µs | | "
+                     + " | ".join(f"{s['saved_us']:.1f} = {s['kernel_us']:.1f} + {s['launch_path_us']:.1f}"
+                                  for s in splits.values()) + " |")
+    cost = results.get("cpu_cost", {})
+    if all(f"{m}_us" in cost for m in methods):
+        lines.append(f"| host time to issue one call, µs (floor: `torch.empty` + a direct launch, "
+                     f"{cost['floor_us']:.1f}) | " + " | ".join(f"{cost[f'{m}_us']:.1f}" for m in methods) + " |")
+    for r in rows:
+        lines.append(f"| kernel only, {r['shape']} {helpers.short_dtype(r['dtype'])}, µs | {r['ours_us']:.1f} | "
+                     + " | ".join(f"{r[f'{b}_us']:.1f} ({_ratio(r[f'{b}_us'], r['ours_us'])})" for b in baselines)
+                     + " |")
+    calls = sum(case["calls"] for case in procedure["ours"].get("cases", [])) or 9000
+    lines += ["", f"Procedure: {helpers.PROCEDURE_METHOD} ({calls} calls). Kernel rows: {_kernel_method(results)}."]
+    fused = "unsloth_fused" if "unsloth_fused" in baselines else (baselines[0] if baselines else None)
+    t4 = ("" if "T4" in env["gpu"] else "On a T4, whose kernels run ~13x longer for the same bytes, kernel "
+          "time weighs far more in each call, and the procedure ratio moves toward the kernel ratio.")
+    if fused and splits.get(fused):
+        kernel_ratios = [r[f"{fused}_us"] / r["ours_us"] for r in rows]
+        split = splits[fused]
+        lines += ["", f"On this GPU the procedure ratio against {SHORT[fused]} is "
+                  f"{_ratio(procedure[fused]['median_s'], ours_s)}, its kernel ratios "
+                  f"{min(kernel_ratios):.2f}x to {max(kernel_ratios):.2f}x: of the {split['saved_us']:.1f} µs "
+                  f"saved per call, {split['kernel_us']:.1f} µs is kernel time and {split['launch_path_us']:.1f} µs "
+                  f"the launch path (allocation, launch, synchronize: see *Where the time goes*). {t4}".rstrip()]
+    elif t4:
+        lines += ["", t4]
+    if where == "readme":
+        lines += _benchmark_paragraph(source)
+    return "\n".join(lines) + "\n"
+
+
+def _benchmark_paragraph(source: str) -> list[str]:
+    results = _load(source, "benchmark.json")
+    if results is None:
+        return []
+    env, procedure, rows, cost = (results["environment"], results["procedure"], results["kernel"],
+                                  results.get("cpu_cost", {}))
+    ours = procedure["ours"]["median_s"]
+    against = [f"{_ratio(procedure[b]['median_s'], ours)} {SHORT[b]}" for b in ("unsloth_fused", "unsloth_classic")
+               if b in procedure]
+    text = (f"A separate run of `python benchmark.py` on the same machine (`{source}/benchmark.json`, "
+            f"{env['date']}): procedure {ours:.3f} s, {' and '.join(against)} (median of "
+            f"{len(procedure['ours'].get('runs_s', [])) or 1}, spread in the file)")
+    if rows and "ceiling_us" in rows[0]:
+        text += ("; kernel only, ours as a share of the no-math copy ceiling: "
+                 + ", ".join(f"{r['shape']} {r['ceiling_us'] / r['ours_us']:.1%}" for r in rows))
+    if rows and "unsloth_fused_us" in rows[0]:
+        text += "; against the fused path: " + ", ".join(
+            f"{r['shape']} {_ratio(r['unsloth_fused_us'], r['ours_us'])}" for r in rows)
+    if "ours_us" in cost and "floor_us" in cost:
+        calls = ", ".join(f"{name} {cost[f'{m}_us']:.2f} µs" for m, name in
+                          (("ours", "ours"), ("unsloth_fused", "fused"), ("unsloth_classic", "classic"),
+                           ("bnb", "bnb")) if f"{m}_us" in cost)
+        what = ("host time to issue one call (GPU idle before it)" if "measurement" in results
+                else "CPU cost of one call (calls issued back to back)")
+        text += (f"; {what}: {calls}, against {cost['floor_us']:.2f} µs for `torch.empty` "
+                 "plus a direct launch of an empty compiled kernel")
+        if "triton_launch_us" in cost:
+            text += f" ({cost['triton_launch_us']:.2f} µs for a standard Triton launch)"
+    text += f". Kernel rows there: {_kernel_method(results)}. Kernel ratios are baseline time / ours."
+    lines = ["", text]
+    sweep_results = _load(source, "sweep.json")
+    if sweep_results is not None:
+        lines += ["", f"The launch-configuration sweep behind `LAUNCH_CONFIGS` is `{source}/sweep.json` "
+                      f"({sweep_results['environment']['date']})."]
+    return lines
+
+
+def headline_targets() -> dict[str, Path]:
+    return {"readme": README, "notebook": helpers.NOTEBOOK}
+
+
+def _headline_text(where: str) -> str:
+    if where == "readme":
+        return README.read_text()
+    cells = json.loads(helpers.NOTEBOOK.read_text())["cells"]
+    return next("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+
+
+def current_headline(where: str) -> tuple[str, str]:
+    """(source, body) between the headline markers in the README or the notebook's first
+    markdown cell; LookupError when the markers are missing."""
+    match = HEADLINE.search(_headline_text(where))
+    if match is None:
+        raise LookupError(f"no <!-- headline:start SOURCE --> ... <!-- headline:end --> in the {where}")
+    return match["source"], match["body"]
+
+
+def _replace(text: str, source: str, where: str) -> str:
+    if HEADLINE.search(text) is None:
+        raise LookupError(f"no <!-- headline:start SOURCE --> ... <!-- headline:end --> in the {where}")
+    block = f"<!-- headline:start {source} -->\n{headline(source, where)}<!-- headline:end -->"
+    return HEADLINE.sub(lambda _: block, text, count=1)
+
+
+def write_headline(source: str | None = None) -> list[str]:
+    """Rewrite the headline blocks of the README and the notebook's first markdown cell from
+    `source`, a results directory in this repository (default: the one their markers name).
+    Nothing is written unless both have their markers. Returns what was rewritten."""
+    if source:
+        path = (Path.cwd() / source).resolve()
+        if helpers.ROOT not in path.parents:
+            raise LookupError(f"{source} is not a results directory of this repository")
+        source = path.relative_to(helpers.ROOT).as_posix()
+    readme = _replace(README.read_text(), source or current_headline("readme")[0], "readme")
+    notebook = json.loads(helpers.NOTEBOOK.read_text())
+    cell = next(c for c in notebook["cells"] if c["cell_type"] == "markdown")
+    cell["source"] = _replace("".join(cell["source"]), source or current_headline("notebook")[0],
+                              "notebook").splitlines(True)
+    README.write_text(readme)
+    helpers.NOTEBOOK.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n")
+    return [helpers.shown_path(README), helpers.shown_path(helpers.NOTEBOOK)]
+
+
+# ---------------------------------------------------------------------------------------------
+# A LAUNCH_CONFIGS entry from a run's tuned configurations
+# ---------------------------------------------------------------------------------------------
+def _size_class_limit(size_class: int) -> int:
+    # the kernel cells' size class is n.bit_length() // 2: class s holds n < 2 ** (2 * s + 1)
+    return (1 << (2 * size_class + 1)) - 1
+
+
+def table_entry(path: Path) -> str:
+    """LAUNCH_CONFIGS entries (Python source) from a results file's `tuned_configs`, written by
+    the notebook as {str((gpu, capability, dtype, blocksize, size class)): LaunchConfig}. Size
+    classes tuned alike merge; where dtypes disagree, the most common configuration among fp16
+    and bf16 (the procedure's dtypes) is taken and a comment says so."""
+    results = json.loads(Path(path).read_text())
+    tuned = results.get("tuned_configs") or {}
+    if not tuned:
+        raise LookupError(f"{helpers.shown_path(path)} has no tuned_configs (a GPU with a measured entry tunes nothing)")
+    by_capability = collections.defaultdict(lambda: collections.defaultdict(list))
+    names = collections.defaultdict(set)
+    for key, config in tuned.items():
+        gpu, capability, dtype, blocksize, size_class = ast.literal_eval(re.sub(r"torch\.(\w+)", r"'\1'", key))
+        by_capability[tuple(capability)][size_class].append((dtype, blocksize, tuple(config)))
+        names[tuple(capability)].add(gpu)
+    lines = []
+    for capability, classes in sorted(by_capability.items()):
+        entries, notes = [], []
+        for size_class in sorted(classes):
+            tuned = classes[size_class]
+            procedure_dtypes = [c for d, _, c in tuned if d in ("float16", "bfloat16")]
+            counts = collections.Counter(procedure_dtypes or [c for _, _, c in tuned])
+            config = counts.most_common(1)[0][0]  # the procedure's dtypes decide; a tie, the first
+            if len({c for _, _, c in tuned}) > 1:
+                notes.append(f"    # size class {size_class}: tuned differently by dtype or blocksize ("
+                             + ", ".join(f"{d} bs{b}: {list(c)}" for d, b, c in classes[size_class])
+                             + f"); taking {list(config)}")
+            if entries and entries[-1][1] == config:
+                entries[-1] = (_size_class_limit(size_class), config)
+            else:
+                entries.append((_size_class_limit(size_class), config))
+        entries[-1] = (None, entries[-1][1])
+        source = ", ".join(f"({limit}, LaunchConfig({', '.join(map(repr, config))}))" for limit, config in entries)
+        lines += [f"    # {', '.join(sorted(names[capability]))}: tuned by the run of "
+                  f"{results['environment']['date']} ({helpers.shown_path(path)})", *notes,
+                  f"    {capability}: [{source}],"]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true", help="time every launch configuration too")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of the published procedure")
+    parser.add_argument("--headline", nargs="?", const="", metavar="RESULTS_DIR",
+                        help="rewrite the README's and the notebook's headline tables from results")
+    parser.add_argument("--table-entry", metavar="RESULTS_JSON", help="print a LAUNCH_CONFIGS entry")
+    parser.add_argument("--verify", metavar="RESULTS_JSON", help="re-measure a kernel table with the profiler")
     args = parser.parse_args(argv)
+    try:
+        if args.headline is not None:
+            for path in write_headline(args.headline or None):
+                print("wrote", path)
+            return
+        if args.table_entry:
+            print(table_entry(Path(args.table_entry)))
+            return
+    except (LookupError, FileNotFoundError) as error:
+        sys.exit(f"benchmark.py: {error}")
     if not torch.cuda.is_available():
         sys.exit("benchmark.py needs a CUDA GPU (the notebook runs without one, in CPU mode)")
 
     kernel = helpers.load_kernel_cells()
-    env = helpers.environment()
     methods = helpers.dequantizers(kernel)
+    if args.verify:
+        ok = verify(Path(args.verify), methods)
+        print(f"all within {AGREEMENT:.0%}" if ok else f"NOT all within {AGREEMENT:.0%}")
+        sys.exit(0 if ok else 1)
+
+    env = helpers.environment()
     env["baselines"] = {
         "unsloth_fused": "unsloth.kernels.utils.fast_dequantize (default fused Triton path)",
         "unsloth_classic": "unsloth.kernels.utils._fast_dequantize_ctypes (bitsandbytes ctypes path)",
@@ -74,24 +346,19 @@ def main(argv=None):
     tables = {"launch_configs": kernel.LAUNCH_CONFIGS.get(capability)}
     if args.sweep:
         tables["sweep"] = sweep(kernel, capability)
-    rows = helpers.kernel_table(methods)
-    tables["kernel"] = rows
+    tables["kernel"] = helpers.kernel_table(methods)
     tables["device_copy_gbs"] = helpers.device_copy_gbs()
-    tables["cpu_cost"] = helpers.cpu_cost_table(kernel)
+    tables["cpu_cost"] = helpers.cpu_cost_table(methods, kernel.direct_launch)
     reference = methods.get("unsloth_fused", methods["bnb"])
     tables["procedure"] = helpers.procedure_table(methods, reference, repeats=args.repeats)
 
-    print_kernel_table(rows, list(methods))
+    print(helpers.format_kernel_table(tables["kernel"], list(methods)))
     print(f"device-to-device copy: {tables['device_copy_gbs']:.0f} GB/s; peak {env['peak_bandwidth_gbs']} GB/s")
-    print("CPU cost per call (us):", {k: round(v, 2) for k, v in tables["cpu_cost"].items()})
-    proc = tables["procedure"]
-    for name, t in proc.items():
-        ratio = t["median_s"] / proc["ours"]["median_s"]
-        print(f"procedure {name:>16}: {t['median_s']:.4f} s (min {t['min_s']:.4f}, max {t['max_s']:.4f})"
-              f"  ours is {ratio:.3f}x faster")
+    print(helpers.format_cpu_cost(tables["cpu_cost"], list(methods)))
+    print(helpers.format_procedure(tables["procedure"]))
+    print(helpers.format_time_split(tables["procedure"]))
     name = "sweep.json" if args.sweep else "benchmark.json"
-    path = helpers.write_results(helpers.results_dir(env) / name, env, **tables)
-    print("wrote", path)
+    print("wrote", helpers.write_results(helpers.results_dir(env) / name, env, **tables))
 
 
 if __name__ == "__main__":

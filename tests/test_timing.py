@@ -1,0 +1,193 @@
+"""The clocks: GPU time is the GPU's (kernel durations, not the host's time around a call), host
+time is the host's, and the procedure's time splits into the two. CPU tests use synthetic
+profiler events; GPU tests time work whose duration is known."""
+import time
+
+import numpy
+import pytest
+import torch
+
+import helpers
+from helpers import DeviceEvent, FLUSH_KERNEL
+
+
+def _busy_wait(seconds):
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the logic, on synthetic data
+# ---------------------------------------------------------------------------------------------
+def test_calls_between_flushes_groups_each_calls_gpu_operations():
+    flush = lambda t: DeviceEvent(t, t + 30.0, FLUSH_KERNEL)
+    kernel = lambda t, d, name="k": DeviceEvent(t, t + d, name)
+    events = [kernel(0.0, 5.0, "before the first flush"),
+              flush(10.0), kernel(41.0, 2.0, "absmax"), kernel(44.0, 1.5, "offset"), kernel(47.0, 9.0, "weights"),
+              flush(60.0), kernel(91.0, 12.5, "fused"),
+              flush(110.0), kernel(150.0, 4.0, "after the last flush")]
+    calls = helpers.calls_between_flushes(reversed(events))  # any order: sorted by start
+    assert [[e.name for e in call] for call in calls] == [["absmax", "offset", "weights"], ["fused"]]
+    assert [sum(e.end_us - e.start_us for e in call) for call in calls] == [2.0 + 1.5 + 9.0, 12.5]
+
+
+def test_a_call_that_launched_nothing_is_an_error():
+    events = [DeviceEvent(0.0, 1.0, FLUSH_KERNEL), DeviceEvent(2.0, 3.0, FLUSH_KERNEL),
+              DeviceEvent(4.0, 5.0, "k"), DeviceEvent(6.0, 7.0, FLUSH_KERNEL)]
+    with pytest.raises(ValueError, match="no GPU work"):
+        helpers.calls_between_flushes(events)
+
+
+def test_timing_statistics_are_numpys_percentiles():
+    samples = list(numpy.random.default_rng(3).gamma(2.0, 5.0, size=137))
+    timing = helpers.Timing.of(samples, kernels=3)
+    assert timing.median_us == pytest.approx(numpy.percentile(samples, 50))
+    assert timing.p20_us == pytest.approx(numpy.percentile(samples, 20))
+    assert timing.p80_us == pytest.approx(numpy.percentile(samples, 80))
+    assert (timing.samples, timing.kernels) == (137, 3)
+    assert timing.gbs(2e6) == pytest.approx(2e6 / (timing.median_us * 1e-6) / 1e9)
+
+
+def test_host_time_measures_the_host():
+    timing = helpers.host_time(lambda: _busy_wait(200e-6), calls=50)
+    assert 200 <= timing.median_us < 2000
+    assert timing.p20_us <= timing.median_us <= timing.p80_us
+
+
+def _case(calls, wall, gpu, host):
+    return {"case": f"case {calls}", "weight": "64x32", "dtype": "float16", "calls": calls,
+            "median_s": wall * calls / 1e6, "wall_us": wall, "gpu_us": gpu, "host_us": host}
+
+
+def test_time_split_and_the_saving_per_call():
+    # two cases of different lengths: the saving is weighted by calls
+    ours = [(3000, 30.0, 12.0, 9.0), (1000, 20.0, 4.0, 8.0)]
+    fused = [(3000, 60.0, 13.0, 45.0), (1000, 50.0, 5.0, 44.0)]
+    procedure = {"ours": {"median_s": 0.1, "cases": [_case(*c) for c in ours]},
+                 "unsloth_fused": {"median_s": 0.2, "cases": [_case(*c) for c in fused]}}
+    rows = helpers.time_split(procedure)
+    assert [(r["method"], r["rest_us"]) for r in rows] == [
+        ("ours", 30.0 - 12.0 - 9.0), ("ours", 20.0 - 4.0 - 8.0),
+        ("unsloth_fused", 60.0 - 13.0 - 45.0), ("unsloth_fused", 50.0 - 5.0 - 44.0)]
+    split = helpers.saved_per_call(procedure, "unsloth_fused")
+    calls = 3000 + 1000
+    assert split["saved_us"] == pytest.approx((3000 * (60 - 30) + 1000 * (50 - 20)) / calls)
+    assert split["kernel_us"] == pytest.approx((3000 * (13 - 12) + 1000 * (5 - 4)) / calls)
+    assert split["launch_path_us"] == pytest.approx(split["saved_us"] - split["kernel_us"])
+
+
+def test_results_without_the_split_have_none():
+    procedure = {"ours": {"median_s": 0.3}, "bnb": {"median_s": 0.7}}
+    assert helpers.time_split(procedure) == []
+    assert helpers.saved_per_call(procedure, "bnb") is None
+
+
+def test_procedure_on_the_cpu_keeps_the_callers_default_dtype():
+    import bitsandbytes.functional as bnbf
+    bnb = lambda layer: bnbf.dequantize_4bit(layer.weight, layer.weight.quant_state)
+    with helpers.default_dtype(torch.float64):
+        procedure = helpers.procedure_table({"bnb": bnb}, bnb, repeats=2, iterations=2, device="cpu", scale=16)
+        assert torch.get_default_dtype() == torch.float64
+    result = procedure["bnb"]
+    assert len(result["runs_s"]) == 2 and result["min_s"] <= result["median_s"] <= result["max_s"]
+    assert [c["weight"] for c in result["cases"]] == ["512x128", "256x64", "896x256"]
+    for case in result["cases"]:
+        assert case["calls"] == 6 and case["wall_us"] == pytest.approx(case["median_s"] / 6 * 1e6)
+        assert "gpu_us" not in case  # the split needs a GPU
+    # the median of two runs is their mean: the cases' medians add up to the mean total
+    assert sum(c["median_s"] for c in result["cases"]) == pytest.approx(sum(result["runs_s"]) / 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: work of known duration
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gpu_time_is_kernel_time_not_host_time():
+    buffer = torch.empty(1 << 22, device="cuda")
+    kernel = lambda: buffer.fill_(1.0)
+
+    def slow_host_then_kernel():
+        _busy_wait(200e-6)  # longer than the L2 flush before the call: the GPU idles, waiting
+        kernel()
+
+    alone = helpers.gpu_time(kernel, calls=50)
+    slowed = helpers.gpu_time(slow_host_then_kernel, calls=50)
+    assert alone.kernels == slowed.kernels == 1
+    assert abs(slowed.median_us - alone.median_us) <= 0.2 * alone.median_us + 1.0
+    # the premise: CUDA events around the call (what do_bench does) count the host's 200 us
+    flush = helpers.L2Flush()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    flush()
+    start.record()
+    slow_host_then_kernel()
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) * 1e3 > 150
+
+
+@pytest.mark.gpu
+def test_gpu_time_sums_every_kernel_of_a_call():
+    small, large = torch.empty(1 << 20, device="cuda"), torch.empty(1 << 24, device="cuda")
+    first, second = helpers.gpu_time(lambda: small.fill_(1.0)), helpers.gpu_time(lambda: large.fill_(2.0))
+
+    def two_kernels_with_a_host_gap():
+        small.fill_(1.0)
+        _busy_wait(100e-6)  # the GPU idles between the two: not GPU time
+        large.fill_(2.0)
+
+    both = helpers.gpu_time(two_kernels_with_a_host_gap)
+    assert both.kernels == 2
+    expected = first.median_us + second.median_us
+    assert abs(both.median_us - expected) <= 0.1 * expected + 1.0
+
+
+@pytest.mark.gpu
+def test_host_time_does_not_wait_for_the_gpu():
+    gpu_busy = lambda: torch.cuda._sleep(5_000_000)  # millions of GPU cycles: milliseconds
+    assert helpers.gpu_time(gpu_busy, calls=10).median_us > 1000
+    assert helpers.host_time(gpu_busy, calls=50).median_us < 500
+
+
+@pytest.mark.gpu
+def test_graph_replay_cross_check_sees_the_same_kernel():
+    buffer = torch.empty(1 << 24, device="cuda")
+    kernel = lambda: buffer.fill_(1.0)
+    gpu, graph = helpers.gpu_time(kernel), helpers.graph_time(kernel)
+    assert graph is not None
+    assert 0.8 * gpu.median_us <= graph.median_us <= 1.5 * gpu.median_us + 5.0  # plus launch gaps
+
+
+@pytest.mark.gpu
+def test_every_method_agrees_with_a_second_profiler_reading(kernel):
+    # The acceptance check of the GPU-time table at one shape: the per-call median against the
+    # profiler's plain total over the same kind of run, within 5%, for every method.
+    layer = helpers.make_layer(8192, 2048, torch.float16)
+    flush = helpers.L2Flush()
+    for name, method in helpers.dequantizers(kernel).items():
+        timing = helpers.gpu_time(lambda: method(layer), calls=100, flush=flush)
+        mean = helpers.profiled_mean_us(lambda: method(layer), calls=100, flush=flush)
+        assert abs(mean / timing.median_us - 1) <= 0.05, (name, timing, mean)
+        assert timing.kernels == (1 if name in ("ours", "unsloth_fused") else 3), (name, timing.kernels)
+
+
+@pytest.mark.gpu
+def test_the_procedure_split_on_the_gpu(kernel):
+    import bitsandbytes.functional as bnbf
+    methods = {"ours": kernel.triton_dequantize_nf4,
+               "bnb": lambda layer: bnbf.dequantize_4bit(layer.weight, layer.weight.quant_state)}
+    procedure = helpers.procedure_table(methods, methods["bnb"], repeats=1, iterations=20, scale=4)
+    for case in procedure["ours"]["cases"]:
+        assert case["gpu_kernels"] == 1.0 and 0 < case["gpu_us"] < case["wall_us"]
+        assert 0 < case["host_us"] < case["wall_us"]
+    assert all(case["gpu_kernels"] == 3.0 for case in procedure["bnb"]["cases"])
+    assert len(helpers.time_split(procedure)) == 2 * len(helpers.PROCEDURE_CASES)
+    assert helpers.saved_per_call(procedure, "bnb") is not None
+
+
+@pytest.mark.gpu
+def test_cpu_cost_floor_is_a_direct_launch(kernel):
+    table = helpers.cpu_cost_table({"ours": kernel.triton_dequantize_nf4}, kernel.direct_launch)
+    assert table["floor_launch"] == ("direct" if kernel.FAST_LAUNCH else "triton")
+    for name in ("ours", "floor", "empty", "triton_launch"):
+        assert 0 < table[f"{name}_p20_us"] <= table[f"{name}_us"] <= table[f"{name}_p80_us"]
