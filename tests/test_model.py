@@ -1,0 +1,361 @@
+"""use_triton_dequantize() in a model: a Llama from transformers (random weights from a config, loaded
+4-bit through BitsAndBytesConfig), with peft LoRA on every linear layer, gives the same logits and the
+same LoRA gradients, bit for bit, with and without the patch; every dequantization bitsandbytes did
+without it went through the kernel with it; and the patch is undone to the original objects.
+
+Without a GPU the kernel runs in the interpreter on a tiny model. There bitsandbytes' forward
+dequantizes inside its CPU op (no Python function to route), so the model checks the backward and
+the helpers; the forward's dequantize-then-linear path is checked against bitsandbytes' own
+implementation of it (test_forward_dequantize_then_linear). On a GPU (tests marked gpu) the model is
+larger and its batch large enough (2048 tokens) that bitsandbytes' CUDA matmul dequantizes in the
+forward too.
+"""
+import random
+import sys
+import threading
+
+import pytest
+import torch
+
+import model_benchmark
+from conftest import DEVICE, GPU
+
+TARGETS = ("bitsandbytes.functional.dequantize_4bit", "bitsandbytes.matmul_4bit",
+           "bitsandbytes.autograd._functions.matmul_4bit", "bitsandbytes.backends.cuda.ops._dequant_linear_fallback")
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=128)
+LARGER = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=512)
+# (weights dtype, compute dtype): the two a QLoRA user picks, and fp32 weights with bf16 compute,
+# where the forward's dequantize (to bf16) is not what the kernel writes (fp32): bitsandbytes keeps it.
+DTYPES = [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16), (torch.float32, torch.bfloat16)]
+DTYPE_IDS = ["bf16", "fp16", "fp32-weights-bf16-compute"]
+
+
+def _resolve(name):
+    module_name, attribute = name.rsplit(".", 1)
+    return sys.modules.get(module_name), attribute
+
+
+def _current(name):
+    module, attribute = _resolve(name)
+    return getattr(module, attribute, None)
+
+
+@pytest.fixture
+def calls(kernel, monkeypatch):
+    """Counts of calls into our kernel and into bitsandbytes' own dequantizing functions, each
+    replaced by a counting stand-in that calls the real one (undone after the test)."""
+    import bitsandbytes  # noqa: F401
+    counts = {"kernel": 0, "bitsandbytes.functional.dequantize_4bit": 0,
+              "bitsandbytes.backends.cuda.ops._dequant_linear_fallback": 0}
+
+    def counting(key, real):
+        def spy(*args, **kwargs):
+            result = real(*args, **kwargs)
+            counts[key] += 1  # calls that returned: a refusal raised inside is not an answer
+            return result
+        return spy
+
+    monkeypatch.setattr(kernel, "dequantize_nf4", counting("kernel", kernel.dequantize_nf4))
+    for name in list(counts)[1:]:
+        module, attribute = _resolve(name)
+        if module is not None:
+            monkeypatch.setattr(module, attribute, counting(name, getattr(module, attribute)))
+    return counts
+
+
+def _quantized_model(tmp_path, shape, weights_dtype, compute_dtype):
+    from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
+    if weights_dtype == compute_dtype:  # the benchmark's loader: what the tests check is what it times
+        model, _ = model_benchmark.quantized_llama(shape, compute_dtype, DEVICE, str(tmp_path),
+                                                   attn_implementation="eager")
+    else:
+        torch.manual_seed(0)
+        LlamaForCausalLM(LlamaConfig(**shape)).to(weights_dtype).save_pretrained(tmp_path)
+        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                          bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute_dtype)
+        model = LlamaForCausalLM.from_pretrained(tmp_path, quantization_config=quantization, dtype=weights_dtype,
+                                                 device_map={"": DEVICE}, attn_implementation="eager")
+        for module in model.modules():  # as quantized_llama does on the CPU
+            if hasattr(module, "support_avx512bf16_for_cpu"):
+                module.support_avx512bf16_for_cpu = False
+    # eager attention: its backward is deterministic on the GPU (sdpa's fused ones need not be)
+    return model_benchmark.with_lora(model, r=4)
+
+
+def _step(model, ids):
+    """Logits and every LoRA gradient of one training step."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    output = model(input_ids=ids, labels=ids, use_cache=False)
+    output.loss.backward()
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+    return output.logits.detach().clone(), grads
+
+
+def _check_model(kernel, calls, model, ids, same_dtype):
+    """Logits and LoRA gradients bit-identical with and without the patch; every dequantization
+    bitsandbytes did without the patch was ours with it, but the forward's where the input's dtype
+    is not the weight's. Returns how many dequantizations the step's forward made."""
+    plain_logits, plain_grads = _step(model, ids)
+    plain = dict(calls)
+    assert plain["kernel"] == 0
+    backward = plain["bitsandbytes.functional.dequantize_4bit"]
+    forward = plain["bitsandbytes.backends.cuda.ops._dequant_linear_fallback"]
+    assert backward > 0, "the step dequantized nothing in its backward"
+    originals = {name: _current(name) for name in TARGETS}
+    calls.update(dict.fromkeys(calls, 0))
+    with kernel.use_triton_dequantize() as patch:
+        assert "bitsandbytes.functional.dequantize_4bit" in patch.patched
+        logits, grads = _step(model, ids)
+    assert torch.equal(logits, plain_logits)
+    assert grads.keys() == plain_grads.keys() and len(grads) > 0
+    for name, grad in grads.items():
+        assert torch.isfinite(grad).all() and grad.abs().sum() > 0, f"{name}: a vacuous gradient"
+        assert torch.equal(grad, plain_grads[name]), f"{name} differs"
+    assert {name: _current(name) for name in TARGETS} == originals, "the patch was not undone"
+    assert calls["bitsandbytes.functional.dequantize_4bit"] == 0
+    if same_dtype:
+        assert calls["kernel"] == backward + forward
+        assert calls["bitsandbytes.backends.cuda.ops._dequant_linear_fallback"] == 0
+    else:  # bitsandbytes dequantizes to the input's dtype in the forward: that stays with it
+        assert calls["kernel"] == backward
+        assert calls["bitsandbytes.backends.cuda.ops._dequant_linear_fallback"] == forward
+    return forward
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
+@pytest.mark.parametrize("weights_dtype,compute_dtype", DTYPES, ids=DTYPE_IDS)
+def test_tiny_model_is_bit_identical(kernel, calls, tmp_path, weights_dtype, compute_dtype, checkpointing):
+    model = _quantized_model(tmp_path, TINY, weights_dtype, compute_dtype)
+    model_benchmark.set_checkpointing(model, checkpointing)
+    ids = torch.randint(0, TINY["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    _check_model(kernel, calls, model, ids, weights_dtype == compute_dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
+@pytest.mark.parametrize("weights_dtype,compute_dtype", DTYPES, ids=DTYPE_IDS)
+def test_gpu_model_is_bit_identical(kernel, calls, tmp_path, weights_dtype, compute_dtype, checkpointing):
+    model = _quantized_model(tmp_path, LARGER, weights_dtype, compute_dtype)
+    model_benchmark.set_checkpointing(model, checkpointing)
+    # 2048 tokens, more than bitsandbytes' fused kernels take (1536): its forward dequantizes
+    ids = torch.randint(0, LARGER["vocab_size"], (4, 512), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    assert _check_model(kernel, calls, model, ids, weights_dtype == compute_dtype) > 0
+
+
+@pytest.mark.gpu
+def test_gpu_decode_keeps_bitsandbytes_fused_kernel(kernel, calls, tmp_path):
+    """One token (decode): bitsandbytes' fused 4-bit matmul, not a dequantization, with the patch too."""
+    import bitsandbytes as bnb
+    model = _quantized_model(tmp_path, LARGER, torch.bfloat16, torch.bfloat16).eval()
+    weights = sum(isinstance(module, bnb.nn.Linear4bit) for module in model.modules())
+    ids = torch.randint(0, LARGER["vocab_size"], (1, 1), device=DEVICE)
+    with torch.inference_mode():
+        plain = model(input_ids=ids).logits
+        matmuls = kernel.PATCH_CALLS["matmul_4bit", "bitsandbytes"]
+        with kernel.use_triton_dequantize():
+            ours = model(input_ids=ids).logits
+    assert torch.equal(ours, plain)
+    assert kernel.PATCH_CALLS["matmul_4bit", "bitsandbytes"] - matmuls == weights > 0
+    assert calls == dict.fromkeys(calls, 0), "a one-token forward must stay in bitsandbytes' fused kernel"
+
+
+def _layer(shape=(64, 128), dtype=torch.bfloat16, nested=True, seed=0):
+    """A 4-bit weight as bitsandbytes quantizes it (NF4, blocksize 64), dequantizing to `dtype`."""
+    import bitsandbytes.functional as bnbf
+    weight = torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+    W, qs = bnbf.quantize_4bit(weight, blocksize=64, quant_type="nf4", compress_statistics=nested)
+    qs.dtype = dtype
+    return W, qs
+
+
+def _decoded_absmax(qs):
+    import bitsandbytes.functional as bnbf
+    return bnbf.dequantize_blockwise(qs.absmax, qs.state2) + qs.offset
+
+
+def test_forward_dequantize_then_linear(kernel, calls):
+    """The forward's path, against bitsandbytes' own dequantize-then-linear (its default backend's
+    gemm_4bit, which has the CUDA fallback's signature and arithmetic), called as bitsandbytes'
+    matmul_4bit calls it: nested and plain absmax, fp16 and bf16, a bias."""
+    from bitsandbytes.backends.default.ops import _gemm_4bit_default_impl as bnb_dequantize_linear
+    through = kernel._dequantize_linear_through_triton(bnb_dequantize_linear)
+
+    def gemm_args(W, qs):
+        """What bitsandbytes' matmul_4bit passes its gemm_4bit (the CUDA one hands it on as is)."""
+        if qs.state2 is None:
+            return (W.view(-1, 1), qs.shape, qs.absmax, qs.blocksize, qs.quant_type), {}
+        return ((W.view(-1, 1), qs.shape, qs.state2.absmax, qs.blocksize, qs.quant_type),
+                dict(absmax_8bit=qs.absmax, absmax_code=qs.state2.code, absmax_offset=qs.offset))
+
+    @kernel._remember_quant_state
+    def matmul_4bit(A, B, quant_state, out=None, bias=None):  # stands in for bitsandbytes' own
+        args, kwargs = gemm_args(B, quant_state)
+        return through(A, *args, bias=bias, **kwargs)
+
+    @kernel._remember_quant_state
+    def mismatched(A, B, quant_state, out=None, bias=None):  # passes on another weight than it names
+        args, kwargs = gemm_args(*other)
+        return through(A, *args, bias=bias, **kwargs)
+
+    generator = torch.Generator().manual_seed(0)
+    for nested in (True, False):
+        for dtype in (torch.float16, torch.bfloat16):
+            W, qs = _layer((64, 128), dtype, nested=nested)
+            other = _layer((64, 128), dtype, nested=nested, seed=1)
+            A = torch.randn(3, 5, 128, generator=generator).to(dtype).to(DEVICE)
+            bias = torch.randn(64, generator=generator).to(dtype).to(DEVICE)
+            args, kwargs = gemm_args(W, qs)
+            reference = bnb_dequantize_linear(A, *args, bias=bias, **kwargs)
+            before = calls["kernel"]
+            assert torch.equal(matmul_4bit(A, W, qs, bias=bias), reference)
+            assert calls["kernel"] == before + 1
+            # refused, so bitsandbytes answers: no matmul_4bit call to name the quant state, the
+            # input in another dtype than the weight's (bitsandbytes dequantizes to the input's),
+            # the quant state named not the one whose tensors are passed
+            assert torch.equal(through(A, *args, bias=bias, **kwargs), reference)
+            wide = torch.float32
+            assert torch.equal(matmul_4bit(A.to(wide), W, qs, bias=bias.to(wide)),
+                               bnb_dequantize_linear(A.to(wide), *args, bias=bias.to(wide), **kwargs))
+            other_args, other_kwargs = gemm_args(*other)
+            assert torch.equal(mismatched(A, W, qs, bias=bias),
+                               bnb_dequantize_linear(A, *other_args, bias=bias, **other_kwargs))
+            assert calls["kernel"] == before + 1
+
+
+def _outcome(fn):
+    try:
+        return fn()
+    except Exception as error:  # noqa: BLE001  (the error is the outcome compared)
+        return (type(error), str(error))
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return torch.equal(a, b) and a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+    return a == b
+
+
+def _replaced_code(qs):
+    qs.code = qs.code.clone()
+    qs.code[1] += 0.01  # not bitsandbytes' table: its kernels never read quant_state.code
+
+
+def _set(**fields):
+    def change(qs):
+        for name, value in fields.items():
+            setattr(qs, name, value)
+    return change
+
+
+def _out():
+    return torch.empty(64, 128, dtype=torch.bfloat16, device=DEVICE)
+
+
+def _plain(f, W, qs):
+    return f(W, qs)
+
+
+CASES = [
+    # (case, weight shape, change to its quant state, the call, does the kernel answer it here?)
+    ("W.t(), as older bitsandbytes passes it", (64, 128), _set(), lambda f, W, qs: f(W.t(), qs), True),
+    ("fp16 output", (64, 128), _set(dtype=torch.float16), _plain, True),
+    ("an out tensor", (64, 128), _set(), lambda f, W, qs: f(W, qs, out=_out()), False),
+    ("absmax and out without a quant state", (64, 128), _set(),
+     lambda f, W, qs: f(W, absmax=_decoded_absmax(qs), out=_out(), blocksize=64, quant_type="nf4"), False),
+    ("a replaced codebook", (64, 128), _replaced_code, _plain, False),
+    ("an fp64 output (bitsandbytes' error)", (64, 128), _set(dtype=torch.float64), _plain, False),
+    ("an invalid blocksize (bitsandbytes' error)", (64, 128), _set(blocksize=16), _plain, False),
+    # bitsandbytes' CPU kernel starts a block at each row: it agrees with the layout only for whole
+    # blocks per row. CUDA (and the kernel) never restart: there the kernel answers.
+    ("rows of 1.5 blocks", (8, 96), _set(), _plain, GPU),
+]
+
+
+@pytest.mark.parametrize("shape,change,call,taken", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_refused_calls_get_bitsandbytes_answer(kernel, calls, shape, change, call, taken):
+    import bitsandbytes.functional as bnbf
+    W, qs = _layer(shape)
+    change(qs)
+    reference = _outcome(lambda: call(bnbf.dequantize_4bit, W, qs))
+    with kernel.use_triton_dequantize():
+        ours = _outcome(lambda: call(bnbf.dequantize_4bit, W, qs))
+    assert _same(ours, reference)
+    assert calls["kernel"] == (1 if taken else 0)
+
+
+def test_torch_compile_tracing_goes_to_bitsandbytes(kernel, calls, monkeypatch):
+    import bitsandbytes.functional as bnbf
+    W, qs = _layer()
+    reference = bnbf.dequantize_4bit(W, qs)
+    monkeypatch.setattr(kernel, "_is_compiling", lambda: True)  # what the patch sees while dynamo traces
+    with kernel.use_triton_dequantize():
+        assert torch.equal(bnbf.dequantize_4bit(W, qs), reference)
+    assert calls["kernel"] == 0 and calls["bitsandbytes.functional.dequantize_4bit"] == 2
+
+
+def test_patch_is_idempotent_nests_and_is_undone_exactly(kernel):
+    import bitsandbytes  # noqa: F401
+    originals = {name: _current(name) for name in TARGETS}
+    present = [name for name in TARGETS if originals[name] is not None]
+    # the CUDA backend's function is there where bitsandbytes loaded its CUDA backend (a GPU)
+    assert set(present) >= set(TARGETS[:3]) and (TARGETS[3] in present or not GPU)
+    try:
+        first = kernel.use_triton_dequantize()
+        assert first.patched == present
+        installed = {name: _current(name) for name in present}
+        assert all(installed[name] is not originals[name] and installed[name].__wrapped__ is originals[name]
+                   for name in present)
+        again = kernel.use_triton_dequantize()  # a second call changes nothing: no wrapper of a wrapper
+        assert again.patched == present and all(_current(name) is installed[name] for name in present)
+        with kernel.use_triton_dequantize(False) as off:
+            assert off.patched == [] and all(_current(name) is originals[name] for name in present)
+            with kernel.use_triton_dequantize():
+                assert all(_current(name).__wrapped__ is originals[name] for name in present)
+            assert all(_current(name) is originals[name] for name in present)
+        assert all(_current(name).__wrapped__ is originals[name] for name in present)
+    finally:
+        kernel.use_triton_dequantize(False)
+    assert {name: _current(name) for name in TARGETS} == originals
+
+
+def test_switching_from_threads_never_tears_or_stacks(kernel):
+    import bitsandbytes  # noqa: F401
+    originals = {name: _current(name) for name in TARGETS if _current(name) is not None}
+
+    def flip(seed):
+        rng = random.Random(seed)
+        for _ in range(200):
+            kernel.use_triton_dequantize(rng.random() < 0.5)
+
+    threads = [threading.Thread(target=flip, args=(seed,)) for seed in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        states = {_current(name) is originals[name] for name in originals}
+        assert len(states) == 1, "some functions replaced and others not"
+        assert all(_current(name) is originals[name] or _current(name).__wrapped__ is originals[name]
+                   for name in originals)
+    finally:
+        kernel.use_triton_dequantize(False)
+    assert all(_current(name) is originals[name] for name in originals)
+
+
+def test_every_reference_is_replaced(kernel):
+    """No module keeps a copy of a replaced function under another name: the callers in
+    bitsandbytes, peft and transformers reach each one through the attributes the patch replaces."""
+    import bitsandbytes.nn  # noqa: F401
+    import peft.tuners.lora.bnb  # noqa: F401
+    import peft.utils.integrations  # noqa: F401
+    import transformers.integrations.bitsandbytes  # noqa: F401
+    originals = {name: _current(name) for name in TARGETS if _current(name) is not None}
+    with kernel.use_triton_dequantize():
+        left = [f"{module_name}.{attribute}"
+                for module_name, module in list(sys.modules.items()) if module is not None
+                for attribute, value in list(getattr(module, "__dict__", {}).items())
+                if any(value is original for original in originals.values())]
+    assert left == [], f"copies the patch does not reach: {left}"
