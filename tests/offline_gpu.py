@@ -212,8 +212,10 @@ def set_launch_hook(hook):
 
 def ptxas_path(capability):
     """The ptxas this Triton builds `capability` with (3.9 uses ptxas-blackwell for sm_90)."""
+    import inspect
     import triton.backends.nvidia.compiler as compiler
     if hasattr(compiler, "get_ptxas"):
-        tool = compiler.get_ptxas(capability)
+        takes_arch = bool(inspect.signature(compiler.get_ptxas).parameters)  # 3.4 and 3.5 take none
+        tool = compiler.get_ptxas(capability) if takes_arch else compiler.get_ptxas()
         return tool[0] if isinstance(tool, tuple) else tool.path  # 3.3 returns (path, version)
     return compiler._path_to_binary("ptxas")[0]

@@ -33,6 +33,11 @@ BROKEN_STATES = {
     "absmax count": (lambda qs: setattr(qs, "absmax", qs.absmax[:-1]), ValueError, "absmax values for"),
     "codebook dtype": (lambda qs: setattr(qs, "code", qs.code.half()), TypeError, "codebook"),
     "blocksize": (lambda qs: setattr(qs, "blocksize", 48), ValueError, "blocksize 48 is not a power of two"),
+    "quant type": (lambda qs: setattr(qs, "quant_type", "int4"), ValueError, "quant_type 'int4'"),
+    # bitsandbytes decodes with its own table for the quant type: another codebook would not match it
+    "codebook values": (lambda qs: setattr(qs, "code", qs.code.flip(0)), ValueError, "not bitsandbytes' nf4 codebook"),
+    "codebook of the other type": (lambda qs: setattr(qs, "quant_type", "fp4"), ValueError,
+                                   "not bitsandbytes' fp4 codebook"),
 }
 
 

@@ -184,6 +184,8 @@ def _distinct_equal(value):
         return int(str(value))
     if type(value).__name__ == "QuantState":
         return copy.copy(value)
+    if isinstance(value, str):
+        return "".join(list(value))  # an equal string, another object
     return None  # dtypes and small ints are singletons
 
 
