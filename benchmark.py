@@ -168,8 +168,29 @@ def headline(source: str, where: str) -> str:
     elif t4:
         lines += ["", t4]
     if where == "readme":
-        lines += _benchmark_paragraph(source)
+        lines += _benchmark_paragraph(source) + _model_paragraph(source)
     return "\n".join(lines) + "\n"
+
+
+def _model_paragraph(source: str) -> list[str]:
+    """The README's table of model_benchmark.py's results (`source`/model.json), if there are any."""
+    results = _load(source, "model.json")
+    if results is None:
+        return []
+    env, models = results["environment"], results["models"]
+    lines = ["", f"In a model, `use_triton_dequantize()` (`python model_benchmark.py`, `{source}/model.json`, "
+                 f"{env['date']}; transformers {env['transformers']}, peft {env['peft']}): "
+                 + "; ".join(f"{name}: {info['parameters'] / 1e9:.2f}B parameters, {info['weights_4bit']} "
+                             f"4-bit weights" for name, info in models.items())
+                 + f". Times: {results['method']['step']}.", "",
+             "| model | workload | bitsandbytes, ms | ours, ms | saved | dequantize share of the step, "
+             "bitsandbytes -> ours | same output |", "|---|---|---|---|---|---|---|"]
+    for r in results["rows"]:
+        share = r["dequantize_share"]
+        lines.append(f"| {r['model']} | {r['workload']} | {r['bitsandbytes_ms']:.2f} | {r['triton_ms']:.2f} | "
+                     f"{r['saved_ms'] / r['bitsandbytes_ms']:.1%} | {share['bitsandbytes']:.1%} -> "
+                     f"{share['triton']:.1%} | {'yes' if r['same_output'] else 'NO'} |")
+    return lines
 
 
 def _benchmark_paragraph(source: str) -> list[str]:

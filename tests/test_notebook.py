@@ -92,8 +92,15 @@ FAKE_PIP = textwrap.dedent("""
 """)
 
 
+# What the install cell is told is installed besides torch and triton (the real ones), whatever this
+# machine has: the GPU machine, for one, has bitsandbytes and unsloth's kernels without package metadata.
+PRESENT = {"bitsandbytes": "0.50.2", "unsloth": "2026.10.9", "unsloth_zoo": "2026.10.9", "transformers": "5.0.0",
+           "peft": "0.21.2", "accelerate": "1.15.0", "matplotlib": "3.11.2"}
+
+
 def run_install_cell(tmp_path, pretend=None, helpers=True, env=None):
-    """Run the install cell in tmp_path/work; returns (result, pip calls)."""
+    """Run the install cell in tmp_path/work, with PRESENT updated by `pretend` (None: missing);
+    returns (result, pip calls)."""
     work, fake = tmp_path / "work", tmp_path / "fake_pip"
     (fake / "pip").mkdir(parents=True)
     work.mkdir()
@@ -101,7 +108,7 @@ def run_install_cell(tmp_path, pretend=None, helpers=True, env=None):
     (fake / "pip" / "__main__.py").write_text(FAKE_PIP)
     (tmp_path / "cell.py").write_text(_install_cell_source())
     (tmp_path / "run_cell.py").write_text(RUN_CELL)
-    (tmp_path / "versions.json").write_text(json.dumps(pretend or {}))
+    (tmp_path / "versions.json").write_text(json.dumps(dict(PRESENT, **(pretend or {}))))
     if helpers:
         shutil.copy(ROOT / "helpers.py", work)
     environment = {k: v for k, v in os.environ.items()
@@ -117,7 +124,7 @@ def run_install_cell(tmp_path, pretend=None, helpers=True, env=None):
 
 def _versions():
     from importlib.metadata import version
-    return {p: version(p) for p in ("torch", "triton", "bitsandbytes")}
+    return {"torch": version("torch"), "triton": version("triton"), "bitsandbytes": PRESENT["bitsandbytes"]}
 
 
 @pytest.mark.parametrize("runtime, env", [("Colab", {"NF4_TEST_COLAB": "1"}),
