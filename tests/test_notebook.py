@@ -67,10 +67,16 @@ RUN_CELL = textwrap.dedent("""
         pretend = json.loads(open(os.environ["NF4_TEST_VERSIONS"]).read())
         if package not in pretend:
             return real_version(package)
-        if pretend[package] is None:
+        if pretend[package] in (None, "no-metadata"):  # "no-metadata": importable, copied in by hand
             raise metadata.PackageNotFoundError(package)
         return pretend[package]
     metadata.version = version
+    import importlib.util
+    real_find_spec = importlib.util.find_spec
+    def find_spec(name, *args):  # a package told missing is not importable either
+        pretend = json.loads(open(os.environ["NF4_TEST_VERSIONS"]).read())
+        return None if name in pretend and pretend[name] is None else real_find_spec(name, *args)
+    importlib.util.find_spec = find_spec
     if os.environ.get("NF4_TEST_COLAB"):
         sys.modules["google.colab"] = types.ModuleType("google.colab")
     exec(compile(open(sys.argv[1]).read(), "install_cell", "exec"), {"__name__": "__main__"})
@@ -227,3 +233,10 @@ def test_notebook_metadata_asks_colab_for_a_t4():
     assert notebook["metadata"]["accelerator"] == "GPU"
     assert notebook["metadata"]["colab"]["gpuType"] == "T4"
     assert "widgets" not in notebook["metadata"]
+
+
+def test_install_cell_counts_a_package_without_metadata_as_present(tmp_path):
+    # bitsandbytes importable but with no package metadata (the GPU machine here has it so)
+    result, calls = run_install_cell(tmp_path, {"bitsandbytes": "no-metadata"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert calls == [] and "bitsandbytes present" in result.stdout.splitlines()[0]
