@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 import types
+import warnings
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -267,10 +268,12 @@ def calls_between_flushes(events: Iterable[DeviceEvent]) -> list[list[DeviceEven
 
 def _profiled(work: Callable[[], object]) -> list[DeviceEvent]:
     synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-        work()
-        torch.cuda.synchronize()
-    events = device_events(profile)
+    with warnings.catch_warnings():  # each session is one cycle: its end-of-cycle notice says nothing
+        warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            work()
+            torch.cuda.synchronize()
+        events = device_events(profile)
     if not events:
         raise RuntimeError("the profiler recorded no GPU activity (is CUPTI available?)")
     return events

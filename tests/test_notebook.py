@@ -119,7 +119,7 @@ def run_install_cell(tmp_path, pretend=None, helpers=True, env=None):
         shutil.copy(ROOT / "helpers.py", work)
     environment = {k: v for k, v in os.environ.items()
                    if k not in ("NF4_HELPERS_URL", "KAGGLE_KERNEL_RUN_TYPE", "TRITON_INTERPRET")}
-    environment.update(PYTHONPATH=str(fake), NF4_TEST_VERSIONS=str(tmp_path / "versions.json"),
+    environment.update(PYTHONPATH=os.pathsep.join(filter(None, [str(fake), os.environ.get("PYTHONPATH")])), NF4_TEST_VERSIONS=str(tmp_path / "versions.json"),
                        NF4_TEST_PIP_LOG=str(tmp_path / "pip.log"), **(env or {}))
     result = subprocess.run([sys.executable, str(tmp_path / "run_cell.py"), str(tmp_path / "cell.py")],
                             cwd=work, env=environment, capture_output=True, text=True, timeout=300)
