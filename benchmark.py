@@ -182,7 +182,11 @@ def _model_paragraph(source: str) -> list[str]:
                  f"{env['date']}; transformers {env['transformers']}, peft {env['peft']}): "
                  + "; ".join(f"{name}: {info['parameters'] / 1e9:.2f}B parameters, {info['weights_4bit']} "
                              f"4-bit weights" for name, info in models.items())
-                 + f". Times: {results['method']['step']}.", "",
+                 + f". Times: {results['method']['step']}. `saved` is wall-clock time, host time included: "
+                 "most of it is the launch path (bitsandbytes' dequantize launches three kernels and runs its "
+                 "Python for every weight, ours one direct launch); the dequantize GPU time the kernel itself "
+                 "saves is the share column. Single steps at these sizes vary by a few percent from run to run.",
+             "",
              "| model | workload | bitsandbytes, ms | ours, ms | saved | dequantize share of the step, "
              "bitsandbytes -> ours | same output |", "|---|---|---|---|---|---|---|"]
     for r in results["rows"]:
