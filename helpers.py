@@ -279,10 +279,10 @@ def _profiled(work: Callable[[], object]) -> list[DeviceEvent]:
     return events
 
 
-def gpu_samples(fn: Callable[[], object], calls: int, flush: L2Flush) -> tuple[list[float], int]:
-    """The GPU time of each of `calls` calls of fn (microseconds), L2 flushed before each, and
-    how many GPU operations one call launches (the most common count)."""
-    for _ in range(3):  # first calls compile, validate, tune: not what is timed
+def _profiled_calls(fn: Callable[[], object], calls: int, flush: L2Flush) -> list[DeviceEvent]:
+    """One profiled run of `calls` calls of fn, each after an L2 flush, and a last flush to close
+    the last call; three unprofiled calls first (they compile, validate, tune: not what is timed)."""
+    for _ in range(3):
         flush()
         fn()
 
@@ -292,7 +292,13 @@ def gpu_samples(fn: Callable[[], object], calls: int, flush: L2Flush) -> tuple[l
             fn()
         flush()
 
-    per_call = calls_between_flushes(_profiled(work))
+    return _profiled(work)
+
+
+def gpu_samples(fn: Callable[[], object], calls: int, flush: L2Flush) -> tuple[list[float], int]:
+    """The GPU time of each of `calls` calls of fn (microseconds), L2 flushed before each, and
+    how many GPU operations one call launches (the most common count)."""
+    per_call = calls_between_flushes(_profiled_calls(fn, calls, flush))
     if len(per_call) != calls:
         raise RuntimeError(f"{len(per_call)} calls found between flushes, {calls} were made")
     counts = collections.Counter(len(call) for call in per_call)
@@ -307,18 +313,8 @@ def gpu_time(fn: Callable[[], object], calls: int = 100, flush: L2Flush | None =
 
 def profiled_mean_us(fn: Callable[[], object], calls: int = 100, flush: L2Flush | None = None) -> float:
     """A second reading of GPU time, for checking `gpu_time`: every non-flush GPU operation of
-    one profiled run of `calls` flushed calls, summed, divided by `calls` (no split into calls)."""
-    flush = flush or L2Flush()
-    for _ in range(3):
-        flush()
-        fn()
-
-    def work():
-        for _ in range(calls):
-            flush()
-            fn()
-
-    events = _profiled(work)
+    another profiled run of `calls` flushed calls, summed, divided by `calls` (no split into calls)."""
+    events = _profiled_calls(fn, calls, flush or L2Flush())
     return sum(e.end_us - e.start_us for e in events if FLUSH_KERNEL not in e.name) / calls
 
 
