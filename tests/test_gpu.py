@@ -118,3 +118,20 @@ def test_torch_compile_fullgraph_matches_eager(kernel, dtype):
     with torch._inductor.config.patch(emulate_precision_casts=True):
         _, emulated = torch.compile(forward, fullgraph=True)(X, *layers)
     assert torch.equal(emulated, eager_out)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("fast", [True, False], ids=["direct-launch", "triton-launch"])
+def test_a_weight_on_another_gpu_than_the_current_one(kernel, monkeypatch, fast):
+    # Kaggle's T4 x2 and device_map="auto" put layers on cuda:1 while cuda:0 is current
+    import bitsandbytes.functional as bnbf
+    monkeypatch.setattr(kernel, "FAST_LAUNCH", fast)
+    layer = helpers.make_layer(1024, 512, torch.bfloat16, device="cuda:1", seed=fast)
+    W, qs = layer.weight, layer.weight.quant_state
+    with torch.cuda.device(1):
+        expected = bnbf.dequantize_4bit(W, qs)
+    for current in (0, 1, 0, 0, 1):  # first calls and later ones, from either current device
+        with torch.cuda.device(current):
+            out = kernel.dequantize_nf4(W, qs)
+            assert out.device == W.device
+            assert torch.equal(out, expected), f"current device {current}"
