@@ -9,6 +9,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 GPU = torch.cuda.is_available()
 if not GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -32,6 +33,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def kernel():
     """The notebook's kernel cells as a module; NF4_NOTEBOOK=path tests another notebook's."""
-    import helpers
+    from kernel_cells import load_kernel_cells
     notebook = os.environ.get("NF4_NOTEBOOK")
-    return helpers.load_kernel_cells(Path(notebook)) if notebook else helpers.load_kernel_cells()
+    return load_kernel_cells(Path(notebook)) if notebook else load_kernel_cells()
+
+
+@pytest.fixture(scope="session")
+def paste_unit():
+    """The cells tagged `kernel` alone, as a user pastes them: no fast launch, no model patch."""
+    from kernel_cells import PASTE_UNIT, load_kernel_cells
+    return load_kernel_cells(name="nf4_paste_unit", tags=PASTE_UNIT)

@@ -191,6 +191,7 @@ def install(capability):
     driver = OfflineGPU(capability)
     triton.runtime.driver.set_active(driver)
     torch._C._cuda_getCurrentRawStream = lambda index: STREAM  # what the wrapper asks torch
+    torch._C._cuda_getDevice = lambda: None  # the current device: a CPU tensor's index
     return driver
 
 

@@ -28,3 +28,16 @@ def references(W, quant_state):
     if not W.is_cuda:
         refs["flat"] = flat_dequantize_4bit(W, quant_state)
     return refs
+
+
+def bits(t):
+    """A tensor's bits as integers of its width: equal bits compare equal, NaNs included."""
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def assert_same_bits(out, ref, what=""):
+    """Bit for bit the same tensor: shape, strides, dtype and every bit (NaN payloads too)."""
+    assert out.dtype == ref.dtype and out.shape == ref.shape, (what, out.dtype, ref.dtype, out.shape, ref.shape)
+    assert out.stride() == ref.stride(), (what, out.stride(), ref.stride())
+    differ = (bits(out) != bits(ref)).sum().item()
+    assert differ == 0, f"{what}: {differ} of {ref.numel()} values differ"
