@@ -14,9 +14,14 @@ From that, per candidate launch configuration and output dtype:
 
 The rates, the T4's figures and where each comes from are in ASSUMPTIONS (and in the JSON). The
 margin says which candidates cannot be limited by instruction issue on a T4; it cannot rank the
-ones that are memory-bound (latency, DRAM scheduling and clocks decide those), which is why the
-kernel times TUNING_CANDIDATES on the GPU itself. The recommendation at the end keeps candidates
-the static evidence cannot separate, and drops the ones it can.
+ones that are memory-bound (latency, DRAM scheduling and clocks decide those), which is why
+t4_benchmark.py times the sm_75 builds of T4_CANDIDATES (on another GPU, through the driver's
+JIT). Every T4_CANDIDATES entry is built here, beside a grid of others; the recommendation at the
+end keeps candidates the static evidence cannot separate, and drops the ones it can.
+
+The kernel is built with the T4's constexprs as the kernel cells give them for capability 7.5:
+the fp32 -> bf16 conversion is Triton's own, which sm_75 (no bf16 instructions) gets as an
+integer round-to-nearest-even sequence.
 
     python scripts/t4_static.py                   # the full grid (~1 min); writes results/t4-static/sass_mix.json
     python scripts/t4_static.py --quick --json    # two candidates as one JSON line (tests/test_t4_static.py)
@@ -45,7 +50,7 @@ import offline_gpu  # noqa: E402  (before torch and triton are used)
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-import helpers  # noqa: E402
+import t4_benchmark  # noqa: E402
 
 OUT_PATH = ROOT / "results" / "t4-static" / "sass_mix.json"
 
@@ -297,16 +302,16 @@ def verdict(margin: float) -> str:
 
 
 def candidate_grid(kernel, quick=False):
-    """LOOKUP 0/1/2 x weights per program 1024..8192 x warps 2/4/8, at least 8 weights a thread
-    (fewer gives 8-byte stores), plus TUNING_CANDIDATES and unsloth's T4 shape (1024 weights, 8
-    warps: 4 a thread) for reference. quick: two candidates."""
+    """LOOKUP 0/1 x weights per program 1024..8192 x warps 2/4/8, at least 8 weights a thread
+    (fewer gives 8-byte stores), plus every T4_CANDIDATES entry (t4_benchmark.py) and unsloth's T4
+    shape (1024 weights, 8 warps: 4 a thread) for reference. quick: two candidates."""
     LaunchConfig = kernel.LaunchConfig
     if quick:
         return [LaunchConfig(2048, 4, 0, True), LaunchConfig(2048, 4, 1, True)]
-    grid = [LaunchConfig(w, warps, lookup, True) for lookup in (0, 1, 2) for w in (1024, 2048, 4096, 8192)
+    grid = [LaunchConfig(w, warps, lookup, True) for lookup in (0, 1) for w in (1024, 2048, 4096, 8192)
             for warps in (2, 4, 8) if w // (32 * warps) >= 8]
-    extra = [c for c in (*kernel.TUNING_CANDIDATES, *(LaunchConfig(1024, 8, lookup, True) for lookup in (0, 1)))
-             if c not in grid]
+    extra = [c for c in (*t4_benchmark.t4_configs(kernel),
+                         *(LaunchConfig(1024, 8, lookup, True) for lookup in (0, 1))) if c not in grid]
     return grid + extra
 
 
@@ -319,7 +324,8 @@ def build(kernel, config, dtype, shape=(64, 8192)):
     qs.dtype = dtype
     layout = kernel.nf4_layout(W, qs)
     out = torch.empty(layout.shape, dtype=dtype)
-    return kernel.launch_nf4(layout, out, config, (7, 5))
+    grid, args, constexprs, options = kernel.launch_arguments(layout, out, config, t4_benchmark.T4)
+    return kernel._dequantize_4bit_kernel[grid](*args, **constexprs, **options)
 
 
 def measure(kernel, config, dtype) -> dict:
@@ -347,12 +353,12 @@ RULE = (
     "instructions per byte and more DRAM latency covered by the reads in flight, while unsloth's T4 "
     "measurement found less work per thread, on 8 warps, faster for its kernel. So: for each lookup that has "
     "eligible candidates, the fewest and the most weights a thread among them, each on 8 warps where that is "
-    "eligible, else the best margin. The GPU's own timing (TUNING_CANDIDATES) decides between them.")
+    "eligible, else the best margin. Timing the sm_75 builds (t4_benchmark.py, T4_CANDIDATES) decides between them.")
 
 
 def recommend(rows, current) -> dict:
-    """RULE applied to the builds: the recommended TUNING_CANDIDATES, why each configuration was
-    rejected, and what the rule says of the current set."""
+    """RULE applied to the builds: the configurations it recommends timing, why each configuration was
+    rejected, and what the rule says of the current set (T4_CANDIDATES)."""
     by_config = collections.defaultdict(list)
     for row in rows:
         by_config[tuple(row["config"])].append(row)
@@ -462,7 +468,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     offline_gpu.install(75)
-    kernel = helpers.load_kernel_cells()
+    kernel = t4_benchmark.load_kernel()
     rows = [measure(kernel, config, dtype) for config in candidate_grid(kernel, args.quick)
             for dtype in (torch.float16, torch.bfloat16)]
     report = {
@@ -470,7 +476,7 @@ def main(argv=None):
                 "configuration, against Turing's issue rates and the T4's DRAM bandwidth",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "triton": triton.__version__, "torch": torch.__version__,
-        "kernel_cells_sha256": hashlib.sha256("\n\n".join(helpers.kernel_cell_sources()).encode()).hexdigest(),
+        "kernel_cells_sha256": hashlib.sha256("\n\n".join(t4_benchmark.kernel_sources()).encode()).hexdigest(),
         "method": "Triton's JIT over tests/offline_gpu.py's stand-in sm_75 GPU (the specialization a T4 gets) "
                   "builds the kernel on a 64x8192 nested NF4 weight (no masked tail); nvdisasm -c and cuobjdump "
                   "-res-usage (bundled with Triton) read the cubin; opcodes are classed and assigned to pipes "
@@ -478,7 +484,7 @@ def main(argv=None):
         "assumptions": ASSUMPTIONS,
         "builds": rows,
     }
-    report["recommendation"] = recommend(rows, kernel.TUNING_CANDIDATES)
+    report["recommendation"] = recommend(rows, t4_benchmark.t4_configs(kernel))
     report["unsloth_t4_finding"] = unsloth_reading(rows, report["recommendation"])
     if args.json:
         print(json.dumps(report))
@@ -486,10 +492,10 @@ def main(argv=None):
     print_table(rows)
     rec = report["recommendation"]
     print("\n" + RULE)
-    print("\nrecommended TUNING_CANDIDATES:")
+    print("\nrecommended for timing (t4_benchmark.py):")
     for entry in rec["reasons"]:
         print(f"  {tuple(entry['config'])}: {entry['why']}")
-    print("current TUNING_CANDIDATES:")
+    print("current T4_CANDIDATES (t4_benchmark.py):")
     for entry in rec["current_rejections"]:
         rejected = entry["rejected"]
         print(f"  {tuple(entry['config'])}: " + ("not built in this run" if rejected is None else

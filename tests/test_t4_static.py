@@ -1,7 +1,8 @@
 """The static T4 analysis (scripts/t4_static.py), checked on the CPU: it builds real sm_75 code,
 counts it consistently, sees 16-byte stores, and its verdicts and recommendation follow from its own
-numbers. Also: the committed results/t4-static/sass_mix.json is consistent with itself and covers
-the kernel cells' current TUNING_CANDIDATES."""
+numbers. Also: the committed results/t4-static/sass_mix.json is consistent with itself, covers
+T4_CANDIDATES (t4_benchmark.py) and was built from the kernel's current sm_75 code; the T4's
+LAUNCH_CONFIGS entry is one of T4_CANDIDATES."""
 import json
 import os
 import subprocess
@@ -9,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+import t4_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "t4_static.py"
@@ -46,8 +49,9 @@ def test_builds_are_sm75_and_every_instruction_is_counted(report):
 
 
 def test_bf16_is_rounded_with_integer_ops_and_fp16_converted(report):
-    # sm_75 has no cvt to bf16: the kernel's BF16_RNE path must use no conversion instruction at all,
-    # while fp16 converts each value (F2F)
+    # sm_75 has no cvt to bf16: Triton's own fp32 -> bf16 cast, which the kernel uses there, is an
+    # integer round-to-nearest-even sequence with no conversion instruction at all, while fp16
+    # converts each value (F2F)
     for b in report["builds"]:
         conversions = b["by_class"].get("conversion", 0)
         if b["out"] == "bf16":
@@ -112,12 +116,42 @@ def test_recommendation_follows_its_rule(report):
     _check_recommendation(report)
 
 
-def test_committed_results_are_consistent_and_current(kernel):
+def _committed():
     if not RESULTS.exists():
         pytest.fail(f"{RESULTS.relative_to(ROOT)} is missing: run python scripts/t4_static.py")
-    committed = json.loads(RESULTS.read_text())
+    return json.loads(RESULTS.read_text())
+
+
+def test_committed_results_are_consistent_and_cover_t4_candidates(kernel):
+    committed = _committed()
     _check_recommendation(committed)
     assert {b["out"] for b in committed["builds"]} == {"fp16", "bf16"}
     built = {tuple(b["config"]) for b in committed["builds"]}
-    missing = [tuple(c) for c in kernel.TUNING_CANDIDATES if tuple(c) not in built]
-    assert not missing, f"TUNING_CANDIDATES changed since the analysis: re-run scripts/t4_static.py ({missing})"
+    missing = [tuple(c) for c in t4_benchmark.t4_configs(kernel) if tuple(c) not in built]
+    assert not missing, f"T4_CANDIDATES changed since the analysis: re-run scripts/t4_static.py ({missing})"
+    assert [list(c) for c in t4_benchmark.t4_configs(kernel)] == committed["recommendation"]["current"]
+
+
+def test_committed_results_come_from_the_current_sm75_code(report):
+    # the builds made now (--quick) and the committed ones of the same configuration must be the same
+    # instructions: a change to the kernel's sm_75 code needs python scripts/t4_static.py again
+    committed = {(tuple(b["config"]), b["out"]): b for b in _committed()["builds"]}
+    for b in report["builds"]:
+        old = committed.get((tuple(b["config"]), b["out"]))
+        assert old is not None, f"{b['config']} {b['out']} is not in {RESULTS.relative_to(ROOT)}"
+        assert old["opcodes"] == b["opcodes"], (
+            f"{b['config']} {b['out']}: the kernel's sm_75 code changed since the analysis: re-run "
+            f"python scripts/t4_static.py")
+
+
+def test_the_t4_entry_is_a_timed_candidate(kernel):
+    """LAUNCH_CONFIGS[(7, 5)] covers every size and uses only T4_CANDIDATES: configurations whose sm_75
+    build t4_benchmark.py times and checks bit for bit, and this analysis counts."""
+    entry = kernel.LAUNCH_CONFIGS.get(t4_benchmark.T4)
+    assert entry, "LAUNCH_CONFIGS has no (7, 5) entry (python t4_benchmark.py --recommend proposes one)"
+    assert entry[-1][0] is None, "the T4 entry does not cover every size (its last limit must be None)"
+    limits = [limit for limit, _ in entry[:-1]]
+    assert limits == sorted(limits), limits
+    candidates = t4_benchmark.t4_configs(kernel)
+    for _, config in entry:
+        assert config in candidates, f"{config} is not in T4_CANDIDATES"
