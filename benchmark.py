@@ -28,13 +28,14 @@ import torch
 
 import helpers
 
+sys.path.insert(0, str(helpers.ROOT / "tests"))
+from kernel_cells import NOTEBOOK, load_kernel_cells  # noqa: E402  (tests/: the notebook's kernel cells)
+
 # Candidate launch configurations: (weights per program, num_warps, LOOKUP, STREAM), each tried
 # for every size. The sweep behind the shipped table: results/<gpu>/sweep.json.
-SWEEP = [cfg for cfg in itertools.product((1024, 2048, 4096, 8192), (2, 4, 8), (0, 1, 2), (True, False))
+SWEEP = [cfg for cfg in itertools.product((1024, 2048, 4096, 8192), (2, 4, 8), (0, 1), (True, False))
          if cfg[0] // (32 * cfg[1]) >= 8]
 README = helpers.ROOT / "README.md"
-COLUMNS = {"ours": "ours", "unsloth_fused": "unsloth `fast_dequantize` (fused Triton, default)",
-           "unsloth_classic": "unsloth classic path (bnb ctypes)", "bnb": "bnb `dequantize_4bit`"}
 SHORT = {"unsloth_fused": "the fused path", "unsloth_classic": "the classic path", "bnb": "bnb"}
 HEADLINE = re.compile(r"<!-- headline:start (?P<source>\S+) -->\n(?P<body>.*?)<!-- headline:end -->", re.S)
 AGREEMENT = 0.05  # --verify: the largest relative difference accepted
@@ -46,7 +47,7 @@ AGREEMENT = 0.05  # --verify: the largest relative difference accepted
 def sweep(kernel, capability):
     """GPU time of every SWEEP configuration, each passed explicitly and checked exact."""
     import bitsandbytes.functional as bnbf
-    flush = helpers.L2Flush()
+    flush = helpers.l2_flush()
     rows, cases = [], []
     for out_features, in_features, dtype in helpers.KERNEL_SHAPES:
         layer = helpers.make_layer(out_features, in_features, dtype)
@@ -57,21 +58,29 @@ def sweep(kernel, capability):
         config = kernel.LaunchConfig(*config)
         row = {"config": list(config)}
         for name, layout, reference, out in cases:
-            kernel.launch_nf4(layout, out, config, capability)
+            grid, args, constexprs, options = kernel.launch_arguments(layout, out, config, capability)
+            launch = lambda: kernel._dequantize_4bit_kernel[grid](*args, **constexprs, **options)
+            launch()
             assert torch.equal(out, reference), config
-            launch = lambda: kernel.launch_nf4(layout, out, config, capability)
             row[name] = helpers.gpu_time(launch, calls=30, flush=flush).median_us
         rows.append(row)
         print(row, flush=True)
     return rows
 
 
+def profiled_mean_us(fn, calls: int = 100, flush: helpers.L2Flush | None = None) -> float:
+    """A second reading of GPU time, for checking `helpers.gpu_time`: every non-flush GPU operation
+    of another profiled run of `calls` flushed calls, summed, over `calls` (no split into calls)."""
+    events = helpers.profiled_calls(fn, calls, flush or helpers.l2_flush())
+    return sum(e.end_us - e.start_us for e in events if helpers.FLUSH_KERNEL not in e.name) / calls
+
+
 def verify(path: Path, methods: dict) -> bool:
     """Re-measure every method and shape of a results file's kernel table (and its ceiling) with
-    `helpers.profiled_mean_us`, a profiler reading that does not split calls; print both and
-    return whether all agree within AGREEMENT."""
+    `profiled_mean_us`, a profiler reading that does not split calls; print both and return
+    whether all agree within AGREEMENT."""
     rows = json.loads(Path(path).read_text())["kernel"]
-    flush = helpers.L2Flush()
+    flush = helpers.l2_flush()
     agree = True
     print(f"{'shape':>16} {'method':>16} {'file':>9} {'profiler':>9} {'diff':>7}")
     for row in rows:
@@ -81,7 +90,7 @@ def verify(path: Path, methods: dict) -> bool:
         if "ceiling_config" in row:
             timed["ceiling"] = helpers.ceiling_launch(out_features * in_features, *row["ceiling_config"])
         for name, fn in timed.items():
-            measured = helpers.profiled_mean_us(fn, calls=100, flush=flush)
+            measured = profiled_mean_us(fn, calls=100, flush=flush)
             difference = measured / row[f"{name}_us"] - 1
             agree &= abs(difference) <= AGREEMENT
             print(f"{row['shape'] + ' ' + helpers.short_dtype(row['dtype']):>16} {name:>16} "
@@ -125,15 +134,15 @@ def headline(source: str, where: str) -> str:
     if results is None:
         raise FileNotFoundError(f"{source}/notebook.json")
     env, procedure, rows = results["environment"], results["procedure"], results["kernel"]
-    methods = [m for m in COLUMNS if m in procedure]
-    baselines = methods[1:]
+    baselines = [m for m in helpers.BASELINES if m in procedure]
+    methods = ["ours", *baselines]
     runs = len(procedure["ours"].get("runs_s", [])) or 1
     by = "the run shown below" if where == "notebook" else "the notebook run committed here"
     lines = [f"Measured on {_measured_on(env)}, by {by} (`{source}/notebook.json`; "
              "`python benchmark.py --headline` writes this table from that file). **No T4 number is "
              "claimed**: the notebook measures whatever GPU it runs on. In brackets: baseline time / ours.",
              "",
-             "| | " + " | ".join(COLUMNS[m] for m in methods) + " |",
+             "| | " + " | ".join(helpers.METHODS[m].name for m in methods) + " |",
              "|---" * (len(methods) + 1) + "|"]
     ours_s = procedure["ours"]["median_s"]
     lines.append(f"| published `test_dequantize` procedure, s (wall clock, median of {runs}) | {ours_s:.3f} | "
@@ -235,13 +244,13 @@ def _benchmark_paragraph(source: str) -> list[str]:
 
 
 def headline_targets() -> dict[str, Path]:
-    return {"readme": README, "notebook": helpers.NOTEBOOK}
+    return {"readme": README, "notebook": NOTEBOOK}
 
 
 def _headline_text(where: str) -> str:
     if where == "readme":
         return README.read_text()
-    cells = json.loads(helpers.NOTEBOOK.read_text())["cells"]
+    cells = json.loads(NOTEBOOK.read_text())["cells"]
     return next("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
 
 
@@ -271,13 +280,13 @@ def write_headline(source: str | None = None) -> list[str]:
             raise LookupError(f"{source} is not a results directory of this repository")
         source = path.relative_to(helpers.ROOT).as_posix()
     readme = _replace(README.read_text(), source or current_headline("readme")[0], "readme")
-    notebook = json.loads(helpers.NOTEBOOK.read_text())
+    notebook = json.loads(NOTEBOOK.read_text())
     cell = next(c for c in notebook["cells"] if c["cell_type"] == "markdown")
     cell["source"] = _replace("".join(cell["source"]), source or current_headline("notebook")[0],
                               "notebook").splitlines(True)
     README.write_text(readme)
-    helpers.NOTEBOOK.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n")
-    return [helpers.shown_path(README), helpers.shown_path(helpers.NOTEBOOK)]
+    NOTEBOOK.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n")
+    return [helpers.shown_path(README), helpers.shown_path(NOTEBOOK)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,19 +361,18 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("benchmark.py needs a CUDA GPU (the notebook runs without one, in CPU mode)")
 
-    kernel = helpers.load_kernel_cells()
-    methods = helpers.dequantizers(kernel)
+    kernel = load_kernel_cells()
+    methods, skipped = helpers.dequantizers(kernel.triton_dequantize_nf4)
+    layers = [helpers.make_layer(*shape) for shape in helpers.KERNEL_SHAPES[:2]]
+    methods = helpers.usable(methods, {**skipped, **helpers.check_baselines(methods, methods["bnb"], layers)})
+    del layers
     if args.verify:
         ok = verify(Path(args.verify), methods)
         print(f"all within {AGREEMENT:.0%}" if ok else f"NOT all within {AGREEMENT:.0%}")
         sys.exit(0 if ok else 1)
 
     env = helpers.environment()
-    env["baselines"] = {
-        "unsloth_fused": "unsloth.kernels.utils.fast_dequantize (default fused Triton path)",
-        "unsloth_classic": "unsloth.kernels.utils._fast_dequantize_ctypes (bitsandbytes ctypes path)",
-        "bnb": "bitsandbytes.functional.dequantize_4bit",
-    }
+    env["baselines"] = {name: helpers.METHODS[name].calls for name in methods if name != "ours"}
     print({k: v for k, v in env.items() if k != "baselines"})
     print("methods:", list(methods))
     capability = torch.cuda.get_device_capability()
@@ -373,7 +381,7 @@ def main(argv=None):
         tables["sweep"] = sweep(kernel, capability)
     tables["kernel"] = helpers.kernel_table(methods)
     tables["device_copy_gbs"] = helpers.device_copy_gbs()
-    tables["cpu_cost"] = helpers.cpu_cost_table(methods, kernel.direct_launch)
+    tables["cpu_cost"] = helpers.cpu_cost_table(methods)
     reference = methods.get("unsloth_fused", methods["bnb"])
     tables["procedure"] = helpers.procedure_table(methods, reference, repeats=args.repeats)
 

@@ -28,6 +28,9 @@ import torch
 
 import helpers
 
+sys.path.insert(0, str(helpers.ROOT / "tests"))
+from kernel_cells import load_kernel_cells  # noqa: E402  (tests/: the notebook's kernel cells)
+
 # Random weights from a config: the shapes decide the speed, the values do not.
 MODELS = {
     # ~110M parameters: many small weights, where launch costs weigh most
@@ -306,7 +309,7 @@ def main():
     if not torch.cuda.is_available():
         raise SystemExit("model_benchmark.py times a GPU; the CPU checks are tests/test_model.py")
     repeats = args.repeats or (5 if args.quick else 10)
-    kernel = helpers.load_kernel_cells()
+    kernel = load_kernel_cells()
     env = {**helpers.environment(), **_versions()}
     print(", ".join(f"{k} {env[k]}" for k in ("gpu", "driver", "torch", "triton", "bitsandbytes",
                                               "transformers", "peft", "accelerate")))

@@ -1,6 +1,6 @@
 """What a T4 (sm_75) and a Hopper GPU (sm_90) will run, built offline by Triton's own JIT over the
 stand-in GPU of offline_gpu.py: the kernel on a real layout with each configuration that GPU can
-pick (sm_75: every tuning candidate, as no T4 entry is measured; sm_90: the measured entries) and
+pick (its LAUNCH_CONFIGS entries: sm_75's and sm_90's) and
 each output dtype; and the oldest GPU the wrapper accepts (MIN_CAPABILITY, sm_70) with the default
 configuration. Prints one JSON line. Run in its own process.
 """
@@ -18,7 +18,7 @@ import offline_gpu  # noqa: E402  (before torch and triton are used)
 import torch  # noqa: E402
 import bitsandbytes.functional as bnbf  # noqa: E402
 
-import helpers  # noqa: E402
+from kernel_cells import load_kernel_cells  # noqa: E402
 
 OUT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -29,7 +29,8 @@ def build(kernel, capability, dtype, config, shape=(256, 256)):
     qs.dtype = dtype
     layout = kernel.nf4_layout(W, qs)
     out = torch.empty(layout.shape, dtype=dtype)
-    return kernel.launch_nf4(layout, out, config, divmod(capability, 10))
+    grid, args, constexprs, options = kernel.launch_arguments(layout, out, config, divmod(capability, 10))
+    return kernel._dequantize_4bit_kernel[grid](*args, **constexprs, **options)
 
 
 def ptxas_report(ptx, capability):
@@ -46,7 +47,7 @@ def configs_for(kernel, capability):
     if divmod(capability, 10) == kernel.MIN_CAPABILITY:
         return [kernel.DEFAULT_CONFIG]
     measured = kernel.LAUNCH_CONFIGS.get(divmod(capability, 10))
-    return [config for _, config in measured] if measured else list(kernel.TUNING_CANDIDATES)
+    return [config for _, config in measured] if measured else [kernel.DEFAULT_CONFIG]
 
 
 def main():
@@ -54,7 +55,7 @@ def main():
     kernel = None
     for capability in (70, 75, 90):
         offline_gpu.install(capability)
-        kernel = kernel or helpers.load_kernel_cells()
+        kernel = kernel or load_kernel_cells()
         for config in configs_for(kernel, capability):
             for out, dtype in OUT.items():
                 compiled = build(kernel, capability, dtype, config)

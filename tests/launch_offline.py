@@ -33,7 +33,7 @@ def case(kernel, W, q, hook_before=False):
         fake = offline_gpu.fake_launch_of(compiled)
         fake.expect_output(out)
         launch()  # Triton's own launch "writes" out
-        kernel.fast_launch.learn(W, q, compiled, launch, args, out, layout.transposed)
+        kernel.fast_launch.learn(W, q, compiled, launch, out, layout.transposed)
         fast = kernel.fast_launch(W, q)
         result = {"fast": fast is not None}
         if fast is not None:

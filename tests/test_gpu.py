@@ -6,8 +6,7 @@ import torch
 import helpers
 
 pytestmark = pytest.mark.gpu
-SHAPES = [(8192, 2048, torch.float16), (4096, 1024, torch.bfloat16),
-          (14336, 4096, torch.bfloat16), (28672, 8192, torch.bfloat16)]
+SHAPES = helpers.KERNEL_SHAPES
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +86,7 @@ def test_torch_compile_fullgraph_matches_eager(kernel, dtype):
     import torch._dynamo
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    helpers.set_seed(3407)
+    torch.manual_seed(3407)
     mlp = helpers.MLP(1024, 4096, dtype, "cuda")
     X = torch.randn(2, 77, 1024, dtype=dtype, device="cuda")
     layers = (mlp.gate_proj, mlp.up_proj, mlp.down_proj)

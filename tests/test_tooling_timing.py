@@ -1,5 +1,6 @@
 """The clocks: GPU time is the GPU's (kernel durations, not the host's time around a call), host
-time is the host's, and the procedure's time splits into the two. CPU tests use synthetic
+time is the host's, and the procedure's time splits into the two; one flush buffer per device, and
+torch.compile's report leaves the user's compiled functions alone. CPU tests use synthetic
 profiler events; GPU tests time work whose duration is known."""
 import time
 
@@ -116,7 +117,7 @@ def test_gpu_time_is_kernel_time_not_host_time():
     assert alone.kernels == slowed.kernels == 1
     assert abs(slowed.median_us - alone.median_us) <= 0.2 * alone.median_us + 1.0
     # the premise: CUDA events around the call (what do_bench does) count the host's 200 us
-    flush = helpers.L2Flush()
+    flush = helpers.l2_flush()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     flush()
     start.record()
@@ -161,12 +162,13 @@ def test_graph_replay_cross_check_sees_the_same_kernel():
 @pytest.mark.gpu
 def test_every_method_agrees_with_a_second_profiler_reading(kernel):
     # The acceptance check of the GPU-time table at one shape: the per-call median against the
-    # profiler's plain total over the same kind of run, within 5%, for every method.
-    layer = helpers.make_layer(8192, 2048, torch.float16)
-    flush = helpers.L2Flush()
-    for name, method in helpers.dequantizers(kernel).items():
+    # profiler's plain total over the same kind of run (benchmark.py --verify), within 5%.
+    import benchmark
+    layer = helpers.make_layer(*helpers.KERNEL_SHAPES[0])
+    flush = helpers.l2_flush()
+    for name, method in helpers.dequantizers(kernel.triton_dequantize_nf4)[0].items():
         timing = helpers.gpu_time(lambda: method(layer), calls=100, flush=flush)
-        mean = helpers.profiled_mean_us(lambda: method(layer), calls=100, flush=flush)
+        mean = benchmark.profiled_mean_us(lambda: method(layer), calls=100, flush=flush)
         assert abs(mean / timing.median_us - 1) <= 0.05, (name, timing, mean)
         assert timing.kernels == (1 if name in ("ours", "unsloth_fused") else 3), (name, timing.kernels)
 
@@ -186,8 +188,35 @@ def test_the_procedure_split_on_the_gpu(kernel):
 
 
 @pytest.mark.gpu
-def test_cpu_cost_floor_is_a_direct_launch(kernel):
-    table = helpers.cpu_cost_table({"ours": kernel.triton_dequantize_nf4}, kernel.direct_launch)
-    assert table["floor_launch"] == ("direct" if kernel.FAST_LAUNCH else "triton")
+def test_cpu_cost_floor_is_a_compiled_launch(kernel):
+    table = helpers.cpu_cost_table({"ours": kernel.triton_dequantize_nf4})
+    assert table["floor"] == helpers.FLOOR_METHOD
     for name in ("ours", "floor", "empty", "triton_launch"):
         assert 0 < table[f"{name}_p20_us"] <= table[f"{name}_us"] <= table[f"{name}_p80_us"]
+
+
+@pytest.mark.gpu
+def test_one_flush_buffer_per_device_on_the_current_device():
+    flush = helpers.l2_flush()
+    assert helpers.l2_flush() is flush and flush.device == torch.cuda.current_device()
+    assert flush.buffer.device == torch.device("cuda", torch.cuda.current_device())
+    assert helpers.environment()["device"] == torch.cuda.current_device()
+
+
+@pytest.mark.gpu
+def test_compile_report_leaves_the_users_compiled_functions_alone(kernel):
+    # torch.compiler.reset() would drop the user's compiled function: its next call would compile again
+    from torch._dynamo.utils import counters
+    users = torch.compile(lambda x: torch.sin(x) * 2, fullgraph=True)
+    x = torch.randn(64, device="cuda")
+    users(x)
+    report = helpers.compile_report(kernel.triton_dequantize_nf4, (torch.float16,), hd=256, m=512)
+    graphs = counters["stats"]["unique_graphs"]
+    users(x)
+    assert counters["stats"]["unique_graphs"] == graphs, "the user's compiled function was dropped"
+    fp16 = report["dtypes"]["torch.float16"]
+    assert fp16["compiled"] and fp16["weights_bit_identical"] and not fp16["recompiled"]
+    assert fp16["mlp_bit_identical_to_eager_with_emulate_precision_casts"]
+    # a second report compiles afresh: the same answers
+    again = helpers.compile_report(kernel.triton_dequantize_nf4, (torch.float16,), hd=256, m=512)
+    assert again["dtypes"]["torch.float16"] == fp16

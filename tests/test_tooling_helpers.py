@@ -1,0 +1,353 @@
+"""helpers.py without a GPU: device facts and names, no hidden state, the baselines (a missing, failing
+or differing one is reported, never raised), the torch.compile claim, the score card and run clock,
+and the markdown tables (no line over MAX_LINE)."""
+import logging
+import random
+import sys
+import textwrap
+
+import numpy
+import pytest
+import torch
+
+import helpers
+from tooling_data import METHODS, kernel_rows, procedure
+
+# ---------------------------------------------------------------------------------------------
+# Small facts and names
+# ---------------------------------------------------------------------------------------------
+def test_bytes_moved():
+    assert helpers.bytes_moved(4096, torch.bfloat16) == 4096 // 2 + 4096 // 64 + 4096 * 2
+    assert helpers.bytes_moved(4096, torch.float32) == 4096 // 2 + 4096 // 64 + 4096 * 4
+
+
+def test_gpu_slug_and_dtype_names():
+    assert helpers.gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert helpers.gpu_slug("Tesla T4") == "tesla-t4"
+    assert [helpers.short_dtype(d) for d in (torch.float16, "bfloat16", "torch.float32")] == ["fp16", "bf16", "fp32"]
+    assert [helpers.dtype_name(d) for d in (torch.bfloat16, "torch.float16", "float32")] == [
+        "bfloat16", "float16", "float32"]
+
+
+def test_environment_names_versions():
+    env = helpers.environment()
+    for key in ("date", "torch", "triton", "bitsandbytes", "gpu"):
+        assert env[key]
+    line = helpers.versions_line(env)
+    assert line.startswith(env["gpu"]) and f"torch {env['torch']}" in line and line.endswith(env["date"])
+
+
+def test_procedure_cases_are_the_published_ones_and_the_kernel_shapes_theirs():
+    assert [c[:5] for c in helpers.PROCEDURE_CASES] == [
+        (2, 3333, 2048, 8192, 3407), (5, 777, 1024, 4096, 3409), (3, 2048, 4096, 14336, 3408)]
+    assert helpers.KERNEL_SHAPES == ((8192, 2048, torch.float16), (4096, 1024, torch.bfloat16),
+                                     (14336, 4096, torch.bfloat16), (28672, 8192, torch.bfloat16))
+
+
+def test_every_method_has_its_names():
+    assert set(helpers.OURS + helpers.BASELINES) == set(helpers.METHODS)
+    assert set(helpers.SAME_KERNELS) | set(helpers.SAME_KERNELS.values()) <= set(helpers.BASELINES)
+
+
+# ---------------------------------------------------------------------------------------------
+# No hidden state
+# ---------------------------------------------------------------------------------------------
+def test_make_case_builds_as_the_procedure_and_restores_dtype_and_random_states():
+    case = helpers.PROCEDURE_CASES[1]
+    states = torch.random.get_rng_state(), random.getstate(), numpy.random.get_state()[1].copy()
+    mlp, X = helpers.make_case(case, "cpu", scale=16)
+    assert torch.equal(torch.random.get_rng_state(), states[0]) and random.getstate() == states[1]
+    assert (numpy.random.get_state()[1] == states[2]).all()
+    with helpers.default_dtype(torch.float64):
+        again, X_again = helpers.make_case(case, "cpu", scale=16)
+        assert torch.get_default_dtype() == torch.float64
+    assert torch.get_default_dtype() == torch.float32
+    # the caller's float64 default changed nothing: built as the procedure builds it
+    assert torch.equal(X, X_again)
+    for layer, other in zip(mlp.layers(), again.layers()):
+        assert torch.equal(layer.weight, other.weight)
+        assert torch.equal(layer.weight.quant_state.absmax, other.weight.quant_state.absmax)
+
+
+def test_make_layer_leaves_the_random_state_alone():
+    state = torch.random.get_rng_state()
+    first = helpers.make_layer(64, 128, torch.float16, device="cpu", seed=5)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert torch.equal(first.weight, helpers.make_layer(64, 128, torch.float16, device="cpu", seed=5).weight)
+
+
+def test_a_fresh_function_compiles_apart_from_its_original():
+    def add_one(x, y=2):
+        return x + y
+    fresh = helpers._fresh(add_one)
+    assert fresh.__code__ is not add_one.__code__ and fresh.__code__ == add_one.__code__
+    assert fresh(1) == add_one(1) == 3 and fresh.__name__ == "add_one"
+
+
+# ---------------------------------------------------------------------------------------------
+# Baselines: a missing, failing or differing one is reported, never raised
+# ---------------------------------------------------------------------------------------------
+FAKE_UNSLOTH = {
+    "unsloth/__init__.py": "raise RuntimeError('the package __init__ must not run')\n",
+    "unsloth/device_type.py": "DEVICE_TYPE = 'fake'\n",
+    "unsloth/kernels/__init__.py": "raise RuntimeError('the package __init__ must not run')\n",
+    "unsloth/kernels/utils.py": textwrap.dedent("""
+        import logging
+        from ..device_type import DEVICE_TYPE
+        from unsloth_zoo.temporary_patches.common import PATCHED
+        logging.getLogger("unsloth").warning("training features are not used here")
+        DISABLED_DURING_IMPORT = logging.root.manager.disable
+        def fast_dequantize(W, quant_state):
+            return DEVICE_TYPE, PATCHED
+    """),
+    "unsloth_zoo/__init__.py": "raise RuntimeError('the package __init__ must not run')\n",
+    "unsloth_zoo/temporary_patches/__init__.py": "raise RuntimeError('the package __init__ must not run')\n",
+    "unsloth_zoo/temporary_patches/common.py": "PATCHED = True\n",
+}
+
+
+@pytest.fixture
+def fake_unsloth(tmp_path, monkeypatch):
+    """Install FAKE_UNSLOTH (with overrides) on sys.path; a real unsloth comes back afterwards."""
+    def install(**overrides):
+        for name, text in {**FAKE_UNSLOTH, **overrides}.items():
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name).write_text(text)
+        monkeypatch.syspath_prepend(str(tmp_path))
+
+    for name in list(sys.modules):
+        if name.split(".")[0] in ("unsloth", "unsloth_zoo"):
+            monkeypatch.delitem(sys.modules, name)
+    yield install
+    for name in list(sys.modules):
+        if name.split(".")[0] in ("unsloth", "unsloth_zoo"):
+            del sys.modules[name]
+
+
+def test_import_unsloth_kernels_restores_sys_modules_and_logging(fake_unsloth):
+    fake_unsloth()
+    disabled = logging.root.manager.disable
+    logging.disable(logging.INFO)
+    try:
+        utils = helpers.import_unsloth_kernels()
+        assert utils.fast_dequantize(None, None) == ("fake", True)
+        assert utils.DISABLED_DURING_IMPORT == logging.WARNING
+        assert logging.root.manager.disable == logging.INFO
+        for stand_in in ("unsloth", "unsloth.kernels", "unsloth_zoo", "unsloth_zoo.temporary_patches"):
+            assert stand_in not in sys.modules
+        assert helpers.import_unsloth_kernels() is utils
+    finally:
+        logging.disable(disabled)
+
+
+def _ours(layer):
+    import bitsandbytes.functional as bnbf
+    return bnbf.dequantize_4bit(layer.weight, layer.weight.quant_state)
+
+
+def test_an_unsloth_whose_import_raises_is_reported_not_raised(fake_unsloth, monkeypatch):
+    fake_unsloth(**{"unsloth/kernels/utils.py": "raise ImportError('no accelerator found\\nsecond line')\n"})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # unsloth's baselines are tried on a GPU
+    disabled = logging.root.manager.disable
+    methods, skipped = helpers.dequantizers(_ours)
+    assert list(methods) == ["ours", "bnb"] and methods["ours"] is _ours
+    assert skipped == {name: "importing unsloth's kernels raised ImportError: no accelerator found"
+                       for name in ("unsloth_fused", "unsloth_classic")}
+    assert logging.root.manager.disable == disabled
+    assert "unsloth" not in sys.modules
+
+
+def test_an_unsloth_without_the_classic_path_keeps_the_fused_one(fake_unsloth, monkeypatch):
+    fake_unsloth()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    methods, skipped = helpers.dequantizers(_ours)
+    assert list(methods) == ["ours", "unsloth_fused", "bnb"]
+    assert skipped == {"unsloth_classic": "this unsloth has no kernels.utils._fast_dequantize_ctypes"}
+
+
+def test_without_a_gpu_only_ours_and_bitsandbytes_run():
+    methods, skipped = helpers.dequantizers(_ours)
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    assert list(methods) == ["ours", "bnb"] and set(skipped) == {"unsloth_fused", "unsloth_classic"}
+
+
+def test_check_baselines_reports_a_baseline_that_differs_or_raises(capsys):
+    layers = [helpers.make_layer(64, 128, dtype, device="cpu", seed=3) for dtype in (torch.float16, torch.bfloat16)]
+    methods, _ = helpers.dequantizers(_ours)
+
+    def broken(layer):
+        raise RuntimeError("CUDA error: an illegal memory access\nmore")
+
+    methods.update(off_by_one=lambda layer: methods["bnb"](layer).add(1), flaky=broken,
+                   other_dtype=lambda layer: methods["bnb"](layer).float())
+    problems = helpers.check_baselines(methods, methods["bnb"], layers)
+    assert problems == {
+        "off_by_one": "differs from the reference at (64, 128) fp16",
+        "flaky": "raised at (64, 128) fp16: RuntimeError: CUDA error: an illegal memory access",
+        "other_dtype": "differs from the reference at (64, 128) fp16"}
+    kept = helpers.usable(methods, problems)
+    assert list(kept) == ["ours", "bnb"]
+    printed = capsys.readouterr().out
+    assert "skipped flaky: raised at (64, 128) fp16" in printed
+    assert max(map(len, printed.splitlines())) <= helpers.MAX_LINE
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile: refusals found, claims only what the report shows
+# ---------------------------------------------------------------------------------------------
+def test_inductor_refusal_is_found_inside_the_error_chain():
+    from torch._dynamo.exc import SkipFrame
+    from torch._inductor.exc import InductorError
+    # what torch.compile(fullgraph=True) raised on an H200 told it has no native bf16
+    wrapped = InductorError(SkipFrame("BF16 is not supported"), None)
+    assert helpers.inductor_refusal(wrapped) == "SkipFrame: BF16 is not supported"
+    try:  # chained the ordinary way, one level further out
+        try:
+            raise wrapped
+        except InductorError as inner:
+            raise RuntimeError("outer") from inner
+    except RuntimeError as outer:
+        assert helpers.inductor_refusal(outer) == "SkipFrame: BF16 is not supported"
+    # anything else is not a refusal: compile_report raises it
+    assert helpers.inductor_refusal(RuntimeError("CUDA error: out of memory")) is None
+    assert helpers.inductor_refusal(InductorError(ValueError("a bug"), None)) is None
+
+
+def _compiled(**overrides):
+    result = {"compiled": True, "weights_bit_identical": True,
+              "mlp_bit_identical_to_compiled_mlp_on_eager_weights": True, "mlp_bit_identical_to_eager": False,
+              "mlp_max_abs_diff_to_eager": 0.004, "mlp_close_to_eager": True,
+              "mlp_bit_identical_to_eager_with_emulate_precision_casts": True, "repeats_identical": True,
+              "recompiled": False}
+    result.update(overrides)
+    return result
+
+
+REFUSED = {"compiled": False, "refused_by": "Inductor", "reason": "SkipFrame: BF16 is not supported",
+           "warnings": ["Tesla T4 does not support bfloat16 compilation natively, skipping"]}
+
+
+def test_compile_claim_says_only_what_the_report_shows():
+    t4 = {"gpu": "Tesla T4", "capability": "7.5", "bf16_native": False,
+          "dtypes": {"torch.float16": _compiled(), "torch.bfloat16": REFUSED}}
+    claim = helpers.compile_claim(t4)
+    assert claim.startswith("float16: fullgraph")
+    assert "bfloat16: not compiled on this GPU (Tesla T4, compute capability 7.5)" in claim
+    assert "BF16 is not supported" in claim and "bfloat16, " not in claim
+    h200 = {"gpu": "NVIDIA H200", "capability": "9.0", "bf16_native": True,
+            "dtypes": {"torch.float16": _compiled(), "torch.bfloat16": _compiled()}}
+    assert helpers.compile_claim(h200).startswith("float16, bfloat16: fullgraph")
+    broken = {"gpu": "NVIDIA H200", "capability": "9.0", "bf16_native": True,
+              "dtypes": {"torch.float16": _compiled(recompiled=True)}}
+    assert "NOT as claimed" in helpers.compile_claim(broken)
+
+
+def test_compile_report_table_shows_each_check_and_the_refusal():
+    t4 = {"gpu": "Tesla T4", "capability": "7.5", "bf16_native": False,
+          "dtypes": {"torch.float16": _compiled(), "torch.bfloat16": REFUSED}}
+    text = helpers.format_compile_report(t4)
+    assert "| check | float16 | bfloat16 |" in text and "native bf16 for Inductor: no" in text
+    assert "| compiled (fullgraph) | yes | no: Inductor refused, SkipFrame: BF16 is not supported |" in text
+    assert "| recompiled | no |  |" in text and "| mlp_max_abs_diff_to_eager | 0.004 |  |" in text
+    assert max(map(len, text.splitlines())) <= helpers.MAX_LINE
+
+
+# ---------------------------------------------------------------------------------------------
+# The score card and the run clock
+# ---------------------------------------------------------------------------------------------
+ENV = {"gpu": "Tesla T4", "torch": "2.11.0", "triton": "3.6.0", "bitsandbytes": "0.50.2", "unsloth": "2026.10.9",
+       "date": "2026-11-22 10:00 UTC"}
+
+
+@pytest.mark.parametrize("ratio, points", [(0.90, -3), (1.00, -3), (1.04, 0), (1.05, 1), (1.0999, 1),
+                                           (1.10, 3), (1.149, 3), (1.15, 5), (2.13, 5)])
+def test_speedup_points_follow_the_marking(ratio, points):
+    assert helpers.speedup_points(ratio) == points
+
+
+def test_score_card_adds_up_and_fits(capsys):
+    card = helpers.ScoreCard(ENV, "unsloth_fused")
+    assert helpers.MAX_SCORE == 14
+    card.show()  # no notebook here: printed
+    first = " ".join(capsys.readouterr().out.split())  # the subtitle wraps at MAX_LINE
+    assert "**Score card, this run: 0 / 14**" in first and "not measured yet" in first
+    assert "Tesla T4 · torch 2.11.0 · triton 3.6.0 · bitsandbytes 0.50.2 · unsloth 2026.10.9" in first
+    assert "Baseline: unsloth `fast_dequantize` (fused Triton, default)" in first
+    card.set("single_kernel", 3, "1 GPU operation per call at every shape")
+    card.speedup(1.12, "fused path 0.71 s / ours 0.63 s, median of 3")
+    card.set("torch_compile", -1, "bf16 refused by Inductor on this GPU")
+    card.set("fp16_bf16", 1, "bit-exact in fp16, bf16 and fp32 | the | procedure's checks passed " * 4)
+    assert card.total() == 3 + 3 - 1 + 1
+    text = card.markdown()
+    assert "| speedup (-3 to +5) | +3 | 1.12x; fused path 0.71 s / ours 0.63 s, median of 3 |" in text
+    assert "| **total** | **6 / 14** | 4 of 6 filled in |" in text
+    assert max(map(len, text.splitlines())) <= helpers.MAX_LINE
+    assert "…" in text and card.as_dict()["criteria"]["fp16_bf16"]["evidence"].count("procedure's") == 4
+    assert capsys.readouterr().out == ""  # outside a notebook only show() prints
+    with pytest.raises(ValueError, match="single_kernel gives one of"):
+        card.set("single_kernel", 2, "not a mark the puzzle gives")
+    with pytest.raises(KeyError):
+        card.set("style", 1, "not a criterion")
+    assert card.as_dict()["total"] == 6 and card.as_dict()["max"] == 14
+
+
+def test_score_card_updates_its_notebook_displays(monkeypatch):
+    shown = []
+
+    class Handle:
+        def update(self, markdown):
+            shown.append(markdown.data)
+
+    monkeypatch.setattr(helpers, "show", lambda markdown, display_id=False: Handle())
+    card = helpers.ScoreCard(ENV, "bnb")
+    card.show()
+    card.set("asm", 3, "inline PTX mul.rn / add.rn")
+    card.lap("Correctness")
+    assert len(shown) == 2 and "| custom asm that works (+3) | +3 | inline PTX mul.rn / add.rn |" in shown[-1]
+
+
+def test_run_clock_laps(capsys, monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(helpers.time, "monotonic", lambda: now[0])
+    clock = helpers.RunClock()
+    now[0] = 112.34
+    clock.lap("Correctness")
+    now[0] = 160.0
+    clock.lap("The procedure")
+    assert capsys.readouterr().out.splitlines() == ["Correctness took 12.3 s; Run all so far 12 s",
+                                                    "The procedure took 47.7 s; Run all so far 60 s"]
+    assert clock.elapsed_s() == 60.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables: markdown, every method shown, no line over MAX_LINE
+# ---------------------------------------------------------------------------------------------
+def test_markdown_table_escapes_and_aligns():
+    assert helpers.markdown_table(["a", "b"], [["x|y", 1.5]]) == "| a | b |\n|:--|--:|\n| x\\|y | 1.5 |"
+
+
+def test_formatted_tables_show_every_method_and_fit():
+    rows, result = kernel_rows(), procedure(with_no_fast_launch=True)
+    cost = {f"{m}_{k}": 10.0 + i for i, m in enumerate([*METHODS, "floor", "empty", "triton_launch"])
+            for k in ("us", "p20_us", "p80_us")}
+    cost["layer"] = "8192x2048 float16"
+    texts = {"kernel": helpers.format_kernel_table(rows, METHODS), "procedure": helpers.format_procedure(result),
+             "split": helpers.format_time_split(result), "cost": helpers.format_cpu_cost(cost, METHODS)}
+    for name, text in texts.items():
+        assert max(map(len, text.splitlines())) <= helpers.MAX_LINE, name
+    assert all(helpers.METHODS[m].column in texts["kernel"] for m in METHODS) and "copy ceiling" in texts["kernel"]
+    assert "| 8192x2048 fp16 | 13.00 | 14.04 (1.08x) | 24.70 (1.90x) | 24.96 (1.92x) | 12.09 |" in texts["kernel"]
+    assert "| 4096x1024 bf16 | 2638 | 2442 | 1388 | 1374 | 2836 | 93.0% |" in texts["kernel"]  # GB/s, ceiling / ours
+    assert "| 8192x2048 fp16 | 14.00 | 15.04 | no capture | 25.96 | 13.09 |" in texts["kernel"]  # CUDA graph
+    ours = result["ours"]["median_s"]
+    no_fast = result["ours_no_fast_launch"]["median_s"]
+    fused = result["unsloth_fused"]["median_s"]
+    assert "| method | seconds | min - max | time / ours | time / ours, no fast launch |" in texts["procedure"]
+    assert f"| unsloth fused | {fused:.4f} |" in texts["procedure"]
+    assert f"{fused / ours:.2f}x | {fused / no_fast:.2f}x |" in texts["procedure"]
+    assert f"| ours, no fast launch | {no_fast:.4f} |" in texts["procedure"]
+    assert texts["split"].count("| unsloth classic |") == 3  # two cases, one saving
+    assert "| against | saved | kernel | launch path |" in texts["split"]
+    assert "| floor: torch.empty + compiled launch | 14.00 |" in texts["cost"]
+    assert helpers.format_time_split({"ours": {"median_s": 1.0}}) == ""

@@ -1,0 +1,157 @@
+"""Result files and what is made from them without a GPU: results name their clocks and print relative
+paths; the README's and the notebook's headline tables are what the results files give; a tuning run
+gives back its LAUNCH_CONFIGS entry; committed outputs name no machine paths; the README's commands
+are what CI runs."""
+import json
+import re
+
+import pytest
+import torch
+
+import benchmark
+import helpers
+from conftest import ROOT
+from tooling_data import METHODS, kernel_rows
+from tooling_data import procedure as make_procedure
+
+
+def test_write_results_names_its_clocks_and_prints_a_relative_path(tmp_path, monkeypatch):
+    monkeypatch.setattr(helpers, "ROOT", tmp_path)
+    (tmp_path / "results" / "x").mkdir(parents=True)
+    shown = helpers.write_results(tmp_path / "results" / "x" / "r.json", {"gpu": "Synthetic GPU"}, kernel=kernel_rows())
+    assert shown == "results/x/r.json"
+    written = json.loads((tmp_path / shown).read_text())
+    assert written["kernel"][1]["bnb_us"] == kernel_rows()[1]["bnb_us"]
+    assert written["measurement"]["kernel"] == helpers.GPU_TIME_METHOD
+    assert written["measurement"]["floor"] == helpers.FLOOR_METHOD
+    assert helpers.shown_path(tmp_path.parent / "elsewhere.json") == "elsewhere.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# The headline tables come from the results files
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("where", ["readme", "notebook"])
+def test_headline_is_what_the_results_files_give(where):
+    source, body = benchmark.current_headline(where)
+    assert body == benchmark.headline(source, where), (
+        f"the {where}'s headline differs from {source}: run `python benchmark.py --headline`")
+
+
+def _results_dir(tmp_path, with_split):
+    env = {"gpu": "Synthetic GPU", "driver": "1", "torch": "2", "triton": "3", "bitsandbytes": "4",
+           "unsloth": "5", "date": "today"}
+    procedure = make_procedure()
+    if not with_split:
+        for result in procedure.values():
+            del result["cases"]
+    results = {"environment": env, "procedure": procedure, "kernel": kernel_rows()}
+    if with_split:
+        results["measurement"] = {"kernel": helpers.GPU_TIME_METHOD}
+        results["cpu_cost"] = {f"{m}_us": 10.0 + 5 * i for i, m in enumerate([*METHODS, "floor"])}
+    (tmp_path / "notebook.json").write_text(json.dumps(results))
+    return str(tmp_path)
+
+
+def test_headline_from_gpu_time_results(tmp_path):
+    source = _results_dir(tmp_path, with_split=True)
+    text = benchmark.headline(source, "notebook")
+    procedure, rows = make_procedure(), kernel_rows()
+    ours = procedure["ours"]["median_s"]
+    for base in METHODS[1:]:
+        assert f"{procedure[base]['median_s']:.3f} (**{procedure[base]['median_s'] / ours:.2f}x**)" in text
+        split = helpers.saved_per_call(procedure, base)
+        assert f"{split['saved_us']:.1f} = {split['kernel_us']:.1f} + {split['launch_path_us']:.1f}" in text
+    assert "CUPTI" in text and "do_bench" not in text
+    assert "| kernel only, 4096x1024 bf16, µs |" in text
+    kernel_ratios = [r["unsloth_fused_us"] / r["ours_us"] for r in rows]
+    assert f"kernel ratios {min(kernel_ratios):.2f}x to {max(kernel_ratios):.2f}x" in text
+    assert "On a T4" in text and "the run shown below" in text
+
+
+def test_headline_from_older_results_names_their_clock(tmp_path):
+    text = benchmark.headline(_results_dir(tmp_path, with_split=False), "readme")
+    assert "do_bench" in text and "host time can leak in" in text
+    assert "saved per call" not in text and "On a T4" in text
+
+
+def test_write_headline_needs_its_markers(tmp_path, monkeypatch):
+    readme = tmp_path / "README.md"
+    readme.write_text("# no markers here\n")
+    monkeypatch.setattr(benchmark, "README", readme)
+    with pytest.raises(LookupError, match="headline:start"):
+        benchmark.write_headline()
+    assert readme.read_text() == "# no markers here\n"
+    with pytest.raises(LookupError, match="not a results directory of this repository"):
+        benchmark.write_headline(_results_dir(tmp_path, with_split=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# A LAUNCH_CONFIGS entry from a tuning run
+# ---------------------------------------------------------------------------------------------
+def test_table_entry_gives_back_what_was_tuned(tmp_path, kernel, monkeypatch):
+    LaunchConfig = kernel.LaunchConfig
+    tuned = {("Tesla T4", (7, 5), torch.float16, 64, 11): LaunchConfig(2048, 4, 1, True),
+             ("Tesla T4", (7, 5), torch.bfloat16, 64, 11): LaunchConfig(2048, 4, 1, True),
+             ("Tesla T4", (7, 5), torch.float16, 64, 12): LaunchConfig(2048, 4, 1, True),
+             ("Tesla T4", (7, 5), torch.bfloat16, 64, 13): LaunchConfig(4096, 8, 0, True),
+             ("Tesla T4", (7, 5), torch.float32, 64, 13): LaunchConfig(2048, 4, 0, True),
+             ("Tesla T4", (7, 5), torch.bfloat16, 64, 14): LaunchConfig(4096, 8, 0, True)}
+    path = tmp_path / "notebook.json"
+    helpers.write_results(path, {"gpu": "Tesla T4", "date": "today"},
+                          tuned_configs={str(key): config for key, config in tuned.items()})
+    entry = benchmark.table_entry(path)
+    assert "# Tesla T4" in entry and "size class 13" in entry  # float32 disagreed there
+    table = eval("{" + entry + "}", {"LaunchConfig": LaunchConfig})
+    monkeypatch.setattr(kernel, "LAUNCH_CONFIGS", table)
+    Layout = type("Layout", (), {})
+    for (gpu, capability, dtype, blocksize, size_class), config in tuned.items():
+        if dtype == torch.float32:
+            continue
+        for n in (2 ** (2 * size_class - 1), 2 ** (2 * size_class + 1) - 1):  # the class's two ends
+            layout = Layout()
+            layout.shape = (n,)
+            assert (n.bit_length() // 2, kernel.launch_config(layout, capability)) == (size_class, config)
+
+
+# ---------------------------------------------------------------------------------------------
+# Committed outputs and commands
+# ---------------------------------------------------------------------------------------------
+MACHINE_PATH = re.compile(r"(?<![\w.~-])(/tmp/|/root/|/home/|/work/|/opt/|/usr/|/var/|/Users/|/content/|[A-Z]:\\)")
+
+
+def _output_texts(notebook):
+    for cell in notebook["cells"]:
+        for output in cell.get("outputs", []):
+            yield "".join(output.get("text", "")) + "".join(output.get("traceback", []))
+            for kind, data in output.get("data", {}).items():
+                if not kind.startswith("image/"):  # base64 could spell anything
+                    yield "".join(data) if isinstance(data, list) else json.dumps(data)
+
+
+def test_committed_outputs_name_no_machine_paths():
+    notebook = json.loads((ROOT / "Unsloth_Puzzles_NF4.ipynb").read_text())
+    found = [m.group(0) for text in _output_texts(notebook) for m in [MACHINE_PATH.search(text)] if m]
+    assert not found, f"the notebook's outputs name machine paths: {found}"
+    for path in sorted((ROOT / "results").glob("*/*.json")):
+        match = MACHINE_PATH.search(path.read_text())
+        assert match is None, f"{path.relative_to(ROOT)} names a machine path: {match.group(0)}"
+
+
+def test_readme_commands_are_what_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    test_command = re.search(r"```bash\n(bash scripts/test\.sh[^\n]*)\n```", readme).group(1)
+    assert test_command in ci
+    assert (ROOT / "scripts" / "test.sh").exists() and (ROOT / "scripts" / "run.sh").exists()
+    assert "bash scripts/run.sh" in readme
+
+
+def test_headline_columns_are_the_baselines_only(tmp_path):
+    results = {"environment": {"gpu": "Synthetic GPU", "driver": "1", "torch": "2", "triton": "3",
+                               "bitsandbytes": "4", "unsloth": "5", "date": "today"},
+               "procedure": make_procedure(with_no_fast_launch=True), "kernel": kernel_rows(),
+               "measurement": {"kernel": helpers.GPU_TIME_METHOD}}
+    (tmp_path / "notebook.json").write_text(json.dumps(results))
+    text = benchmark.headline(str(tmp_path), "readme")
+    assert "| | " + " | ".join(helpers.METHODS[m].name for m in METHODS) + " |" in text
+    assert "fast launch" not in text
