@@ -1,8 +1,8 @@
 """Benchmark the notebook's kernel against unsloth's fast_dequantize (fused and classic paths) and
 bitsandbytes on the GPU this runs on; print the tables and write results/<gpu>/benchmark.json.
 
-    python benchmark.py              # kernel-only GPU time, host time per call, the procedure and
-                                     # where its time goes
+    python benchmark.py              # kernel-only GPU time with a CUDA-graph cross-check, host time
+                                     # per call, the procedure and where its time goes
     python benchmark.py --sweep      # also time every configuration in SWEEP: results/<gpu>/sweep.json
     python benchmark.py --verify results/<gpu>/notebook.json
                                      # re-measure that file's kernel table with the profiler
@@ -22,6 +22,7 @@ import itertools
 import json
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 import torch
@@ -39,6 +40,8 @@ README = helpers.ROOT / "README.md"
 SHORT = {"unsloth_fused": "the fused path", "unsloth_classic": "the classic path", "bnb": "bnb"}
 HEADLINE = re.compile(r"<!-- headline:start (?P<source>\S+) -->\n(?P<body>.*?)<!-- headline:end -->", re.S)
 AGREEMENT = 0.05  # --verify: the largest relative difference accepted
+GRAPH_TIME_METHOD = ("CUDA-graph replay of (L2 flush, call) x N minus N flushes, CUDA events: counts "
+                     "the gaps before and between a call's kernels too")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,6 +71,83 @@ def sweep(kernel, capability):
     return rows
 
 
+def _capture(work) -> "torch.cuda.CUDAGraph":
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the default stream, as capture wants
+        work()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        work()
+    return graph
+
+
+def _replay_us(graph) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
+def graph_time(fn, flush: helpers.L2Flush | None = None) -> helpers.Timing | None:
+    """GPU time per call by CUDA-graph replay (GRAPH_TIME_METHOD), or None where fn cannot be captured:
+    graphs of 20 (flush, call) pairs and of 20 flushes replayed in turn, ten times; each sample is
+    their difference over 20."""
+    flush, calls = flush or helpers.l2_flush(), 20
+
+    def calls_and_flushes():
+        for _ in range(calls):
+            flush()
+            fn()
+
+    def flushes():
+        for _ in range(calls):
+            flush()
+
+    try:
+        with_calls, flushes_only = _capture(calls_and_flushes), _capture(flushes)
+    except Exception:  # capture refused (a host sync, a launch on another stream): no cross-check
+        torch.cuda.synchronize()
+        return None
+    samples = [(_replay_us(with_calls) - _replay_us(flushes_only)) / calls for _ in range(11)]
+    return helpers.Timing.of(samples[1:])  # the first replay uploads the graph
+
+
+def _row_calls(row: dict, methods: dict) -> dict:
+    """The calls a kernel_table row timed, on the same weight (make_layer's seed) and copy ceiling."""
+    out_features, in_features = map(int, row["shape"].split("x"))
+    layer = helpers.make_layer(out_features, in_features, getattr(torch, row["dtype"]))
+    timed = {name: (lambda fn=fn: fn(layer)) for name, fn in methods.items() if f"{name}_us" in row}
+    if "ceiling_config" in row:
+        timed["ceiling"] = helpers.ceiling_launch(out_features * in_features, *row["ceiling_config"])
+    return timed
+
+
+def graph_cross_check(rows: list[dict], methods: dict) -> None:
+    """Adds `<name>_graph_us` to each kernel_table row: its calls timed by `graph_time` (None where
+    capture fails), which counts the gaps before and between a call's kernels too."""
+    flush = helpers.l2_flush()
+    for row in rows:
+        timed = _row_calls(row, methods)
+        for name, fn in timed.items():
+            graph = graph_time(fn, flush)
+            row[f"{name}_graph_us"] = graph.median_us if graph else None
+        del timed
+
+
+def format_graph_check(rows: list[dict], methods: list[str]) -> str:
+    """graph_cross_check's times as markdown, a column per method and the copy ceiling."""
+    cell = lambda r, n: "no capture" if r[f"{n}_graph_us"] is None else f"{r[f'{n}_graph_us']:.2f}"
+    table = helpers.markdown_table(
+        ["weight", *(helpers.METHODS[n].column for n in methods), "copy ceiling"],
+        [[f"{r['shape']} {helpers.short_dtype(r['dtype'])}", *(cell(r, n) for n in [*methods, "ceiling"])]
+         for r in rows])
+    return textwrap.fill(f"Cross-check, µs per call: {GRAPH_TIME_METHOD}.", helpers.MAX_LINE) + "\n\n" + table
+
+
 def profiled_mean_us(fn, calls: int = 100, flush: helpers.L2Flush | None = None) -> float:
     """A second reading of GPU time, for checking `helpers.gpu_time`: every non-flush GPU operation
     of another profiled run of `calls` flushed calls, summed, over `calls` (no split into calls)."""
@@ -84,18 +164,14 @@ def verify(path: Path, methods: dict) -> bool:
     agree = True
     print(f"{'shape':>16} {'method':>16} {'file':>9} {'profiler':>9} {'diff':>7}")
     for row in rows:
-        out_features, in_features = map(int, row["shape"].split("x"))
-        layer = helpers.make_layer(out_features, in_features, getattr(torch, row["dtype"]))
-        timed = {name: (lambda fn=fn, layer=layer: fn(layer)) for name, fn in methods.items() if f"{name}_us" in row}
-        if "ceiling_config" in row:
-            timed["ceiling"] = helpers.ceiling_launch(out_features * in_features, *row["ceiling_config"])
+        timed = _row_calls(row, methods)
         for name, fn in timed.items():
             measured = profiled_mean_us(fn, calls=100, flush=flush)
             difference = measured / row[f"{name}_us"] - 1
             agree &= abs(difference) <= AGREEMENT
             print(f"{row['shape'] + ' ' + helpers.short_dtype(row['dtype']):>16} {name:>16} "
                   f"{row[f'{name}_us']:>9.2f} {measured:>9.2f} {difference:>+7.1%}")
-        del layer, timed
+        del timed
     return agree
 
 
@@ -137,10 +213,12 @@ def headline(source: str, where: str) -> str:
     baselines = [m for m in helpers.BASELINES if m in procedure]
     methods = ["ours", *baselines]
     runs = len(procedure["ours"].get("runs_s", [])) or 1
-    by = "the run shown below" if where == "notebook" else "the notebook run committed here"
-    lines = [f"Measured on {_measured_on(env)}, by {by} (`{source}/notebook.json`; "
-             "`python benchmark.py --headline` writes this table from that file). **No T4 number is "
-             "claimed**: the notebook measures whatever GPU it runs on. In brackets: baseline time / ours.",
+    score = results.get("score")
+    run_all = f" Run all took {score['run_all_s'] / 60:.1f} minutes there; its score card: {score['total']} / " \
+              f"{score['max']}." if score else ""
+    lines = [f"Measured on {_measured_on(env)}, by the notebook run committed here (`{source}/notebook.json`; "
+             "`python benchmark.py --headline` writes this table from that file)." + run_all + " **No T4 number "
+             "is claimed**: the notebook measures whatever GPU it runs on. In brackets: baseline time / ours.",
              "",
              "| | " + " | ".join(helpers.METHODS[m].name for m in methods) + " |",
              "|---" * (len(methods) + 1) + "|"]
@@ -148,6 +226,10 @@ def headline(source: str, where: str) -> str:
     lines.append(f"| published `test_dequantize` procedure, s (wall clock, median of {runs}) | {ours_s:.3f} | "
                  + " | ".join(f"{procedure[b]['median_s']:.3f} ({_ratio(procedure[b]['median_s'], ours_s, True)})"
                               for b in baselines) + " |")
+    if "ours_no_fast_launch" in procedure:  # the paste unit alone: Triton's own launch, validated each call
+        alone = procedure["ours_no_fast_launch"]["median_s"]
+        lines.append(f"| the same, ours without the fast-launch cell, s | {alone:.3f} | "
+                     + " | ".join(f"({_ratio(procedure[b]['median_s'], alone)})" for b in baselines) + " |")
     splits = {b: helpers.saved_per_call(procedure, b) for b in baselines}
     if all(splits.values()):
         lines.append("| of the time saved per call in the procedure: kernel + launch path, µs | | "
@@ -380,12 +462,15 @@ def main(argv=None):
     if args.sweep:
         tables["sweep"] = sweep(kernel, capability)
     tables["kernel"] = helpers.kernel_table(methods)
+    graph_cross_check(tables["kernel"], methods)
+    tables["measurement"] = {**helpers.MEASUREMENT, "graph": GRAPH_TIME_METHOD}
     tables["device_copy_gbs"] = helpers.device_copy_gbs()
     tables["cpu_cost"] = helpers.cpu_cost_table(methods)
     reference = methods.get("unsloth_fused", methods["bnb"])
     tables["procedure"] = helpers.procedure_table(methods, reference, repeats=args.repeats)
 
     print(helpers.format_kernel_table(tables["kernel"], list(methods)))
+    print(format_graph_check(tables["kernel"], list(methods)))
     print(f"device-to-device copy: {tables['device_copy_gbs']:.0f} GB/s; peak {env['peak_bandwidth_gbs']} GB/s")
     print(helpers.format_cpu_cost(tables["cpu_cost"], list(methods)))
     print(helpers.format_procedure(tables["procedure"]))

@@ -1,39 +1,33 @@
-"""What the NF4 notebook calls beside its kernel, in the order it calls it. The kernel lives in the
-notebook's tagged cells and nothing here imports it: functions take the callables they run
-(tests/kernel_cells.py loads the cells for tests and scripts).
+"""What the NF4 notebook calls beside its kernel, in the order it calls it. Nothing here imports the
+kernel: functions take the callables they run (tests/kernel_cells.py loads the kernel cells).
 
   1. Environment and device facts  environment, versions_line, short_dtype, bytes_moved
-  2. Score card and run clock      ScoreCard, RunClock, speedup_points, show
-  3. The test procedure            METHODS, make_layer, dequantizers, check_baselines, usable,
-                                   PROCEDURE_CASES, procedure_table, time_split, saved_per_call
-  4. GPU and host timing           gpu_time, graph_time, host_time, l2_flush, kernel_table,
-                                   device_copy_gbs, cpu_cost_table
+  2. Score card and run clock      ScoreCard, RunClock, show
+  3. The test procedure            METHODS, OURS, BASELINES, SAME_KERNELS, PROCEDURE_CASES, KERNEL_SHAPES,
+                                   make_layer, dequantizers, check_baselines, usable, procedure_table,
+                                   time_split, saved_per_call
+  4. GPU and host timing           gpu_time, host_time, l2_flush, kernel_table, device_copy_gbs, cpu_cost_table
   5. torch.compile                 compile_report, compile_claim
-  6. Tables, as markdown           markdown_table, format_procedure, format_kernel_table,
-                                   format_cpu_cost, format_time_split, format_compile_report
+  6. Tables, as markdown           markdown_table, format_procedure, format_kernel_table, format_cpu_cost,
+                                   format_time_split, format_compile_report
   7. Plots                         plot_procedure, plot_kernel_speedups, plot_bandwidth, plot_time_split
   8. Result files                  results_dir, write_results, shown_path
 
-Three clocks, each named wherever its numbers are shown: GPU time (GPU_TIME_METHOD), the GPU's own,
-so host time cannot leak in as it does into CUDA events around a Python call (do_bench), with a
-CUDA-graph replay as its cross-check (GRAPH_TIME_METHOD); host time (HOST_TIME_METHOD); the
-published procedure's wall clock (PROCEDURE_METHOD).
-
-State: the GPU measured and described is the current CUDA device; `l2_flush()` keeps one flush
-buffer per device. Anything else global that a function changes is restored before it returns.
+Every number names its clock (MEASUREMENT): GPU time, the GPU's own kernel durations, so that host time
+cannot leak in as it does into CUDA events around a Python call (do_bench); host time; the published
+procedure's wall clock. The GPU measured and described is the current one; `l2_flush()` keeps one
+flush buffer per device; anything else global that a function changes is restored before it returns.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
 import datetime
-import importlib
 import importlib.metadata
 import importlib.util
 import itertools
 import json
 import logging
-import math
 import platform
 import random
 import subprocess
@@ -42,7 +36,6 @@ import textwrap
 import time
 import types
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Sequence
 
@@ -54,9 +47,7 @@ ROOT = Path(__file__).resolve().parent
 MAX_LINE = 120  # Colab wraps longer lines: no printed line or table row is longer
 
 
-# ---------------------------------------------------------------------------------------------
-# 1. Environment and device facts (the current CUDA device)
-# ---------------------------------------------------------------------------------------------
+# 1. Environment and device facts (the current CUDA device) ------------------------------------
 def _version(package: str) -> str:
     try:
         return importlib.metadata.version(package)
@@ -66,8 +57,8 @@ def _version(package: str) -> str:
 
 
 def environment() -> dict:
-    """The current GPU (name, capability, SMs, memory, L2, datasheet peak bandwidth, driver) and
-    the library versions: printed, in every plot's subtitle and in every result file."""
+    """The current GPU (name, capability, SMs, memory, L2, datasheet peak bandwidth, driver) and the
+    library versions: printed, in every plot's subtitle and in every result file."""
     facts = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
              "python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
              "bitsandbytes": _version("bitsandbytes"), "unsloth": _version("unsloth"),
@@ -118,9 +109,7 @@ def bytes_moved(n_elements: int, out_dtype: torch.dtype) -> int:
     return n_elements // 2 + n_elements // 64 + n_elements * torch.empty(0, dtype=out_dtype).element_size()
 
 
-# ---------------------------------------------------------------------------------------------
-# 2. Score card and run clock
-# ---------------------------------------------------------------------------------------------
+# 2. Score card and run clock ------------------------------------------------------------------
 # The puzzle's marking, in its order: key -> (the criterion and its points, the points it can give).
 CRITERIA = {"single_kernel": ("single Triton kernel (+3)", (0, 3)),
             "speedup": ("speedup (-3 to +5)", (-3, 0, 1, 3, 5)),
@@ -139,15 +128,14 @@ def speedup_points(ratio: float) -> int:
 
 
 def show(markdown: str, display_id: bool = False):
-    """Markdown rendered in a notebook, printed as it is elsewhere. With display_id=True, returns
-    the display's handle for `.update` (None outside a notebook)."""
+    """Markdown rendered in a notebook, printed elsewhere. With display_id=True, returns the display's
+    handle for `.update` (None outside a notebook)."""
     try:
         from IPython import get_ipython
         from IPython.display import Markdown, display
-        in_notebook = get_ipython() is not None
     except ImportError:
-        in_notebook = False
-    if not in_notebook:
+        get_ipython = lambda: None
+    if get_ipython() is None:
         print(markdown)
         return None
     return display(Markdown(markdown), display_id=display_id or None)
@@ -174,10 +162,9 @@ class RunClock:
 
 
 class ScoreCard:
-    """The puzzle's marking (CRITERIA), filled in by the cells that make the evidence: per
-    criterion its points and this run's evidence in one line; the total out of MAX_SCORE; the
-    GPU and versions, the baseline and the Run-all time so far (from `clock`). `show()` renders
-    it as markdown: in a notebook a display that every later change updates, elsewhere printed."""
+    """The puzzle's marking (CRITERIA), filled in by the cells that make the evidence: per criterion
+    its points and one line of this run's evidence, the total, the GPU, versions, baseline and Run-all
+    time so far. `show()` displays it; in a notebook each later change updates that display."""
 
     def __init__(self, env: dict, baseline: str, clock: RunClock | None = None):
         self.env, self.baseline, self.clock = env, baseline, clock or RunClock()
@@ -237,9 +224,7 @@ class ScoreCard:
                 "criteria": {key: {"points": p, "evidence": e} for key, (p, e) in self.rows.items()}}
 
 
-# ---------------------------------------------------------------------------------------------
-# 3. The test procedure (test_dequantize, 18 Feb 2025) and the methods it compares
-# ---------------------------------------------------------------------------------------------
+# 3. The test procedure (test_dequantize, 18 Feb 2025) and the methods it compares -------------
 class Method(NamedTuple):
     column: str   # in tables and plot legends
     name: str     # in the README headline (markdown)
@@ -259,7 +244,6 @@ METHODS = {  # every method the tables compare, keyed as in the result files
 OURS = ("ours", "ours_no_fast_launch")
 BASELINES = ("unsloth_fused", "unsloth_classic", "bnb")
 SAME_KERNELS = {"unsloth_classic": "bnb"}  # the classic path launches bitsandbytes' own 3 kernels
-
 # The published procedure's cases: (bsz, qlen, hd, m, seed, dtype), in order.
 PROCEDURE_CASES = ((2, 3333, 2048, 8192, 3407, torch.float16),
                    (5, 777, 1024, 4096, 3409, torch.bfloat16),
@@ -267,6 +251,10 @@ PROCEDURE_CASES = ((2, 3333, 2048, 8192, 3407, torch.float16),
 # Weight shapes (out, in, dtype) timed kernel-only: the cases' gate and up weights, a 70B-class one.
 KERNEL_SHAPES = tuple((m, hd, dtype) for _, _, hd, m, _, dtype in PROCEDURE_CASES) + ((28672, 8192, torch.bfloat16),)
 PROCEDURE_METHOD = "wall clock (time.time) of the published procedure's timed loop"
+
+
+def _column(name: str) -> str:
+    return METHODS[name].column if name in METHODS else name
 
 
 def _first_line(error: BaseException) -> str:
@@ -297,24 +285,25 @@ def kept_random_state():
         numpy.random.set_state(numpys)
 
 
-def make_layer(out_features: int, in_features: int, dtype: torch.dtype, device: str = "cuda", seed: int = 0):
-    """A bitsandbytes Linear4bit (NF4, double quantized) on device, its initial weights drawn
-    from `seed` (the caller's random state is left as it was)."""
+def _nf4_linear(in_features: int, out_features: int, dtype: torch.dtype, device: str):
     import bitsandbytes as bnb
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        layer = bnb.nn.Linear4bit(in_features, out_features, bias=None, compute_dtype=dtype,
-                                  quant_type="nf4").to(device)
+    layer = bnb.nn.Linear4bit(in_features, out_features, bias=None, compute_dtype=dtype, quant_type="nf4").to(device)
     layer.weight.quant_state.dtype = dtype
     return layer
 
 
+def make_layer(out_features: int, in_features: int, dtype: torch.dtype, device: str = "cuda", seed: int = 0):
+    """A bitsandbytes Linear4bit (NF4, double quantized) on device, its initial weights drawn from
+    `seed` (the caller's random state is left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return _nf4_linear(in_features, out_features, dtype, device)
+
+
 def import_unsloth_kernels():
-    """unsloth.kernels.utils without running unsloth's package __init__ (which imports its whole
-    training stack), or None when unsloth is not installed; an error of the import is raised. For
-    the import, the packages above it are stood in for by bare namespaces over their installed
-    files; afterwards those stand-ins leave sys.modules (a later `import unsloth` runs the real
-    package, which finds the modules imported here) and logging's disable level is restored."""
+    """unsloth.kernels.utils without running unsloth's package __init__ (its whole training stack), or
+    None when unsloth is not installed; an error of the import is raised. The packages above it are
+    bare namespaces over their files during the import only; logging's disable level is restored."""
     if "unsloth.kernels.utils" in sys.modules:
         return sys.modules["unsloth.kernels.utils"]
     stand_ins = {}
@@ -334,18 +323,17 @@ def import_unsloth_kernels():
             return importlib.import_module("unsloth.kernels.utils")
         finally:
             logging.disable(disabled)
-    finally:
+    finally:  # a later `import unsloth` runs the real package, which finds the modules imported here
         for name, package in stand_ins.items():
             if sys.modules.get(name) is package:
                 del sys.modules[name]
 
 
 def dequantizers(ours: Callable) -> tuple[dict[str, Callable], dict[str, str]]:
-    """(methods, skipped): each NF4 dequantization this machine can run, taking a Linear4bit layer
-    (`ours`; unsloth's fast_dequantize, its fused Triton path, and its classic path, the bnb ctypes
-    calls the puzzle was written against; bitsandbytes' dequantize_4bit), and {name: reason} for
-    the baselines it cannot. unsloth's need a GPU and an unsloth whose kernels import: one missing,
-    or whose import raises, is skipped with the reason, never raised."""
+    """(methods, skipped): each NF4 dequantization of a Linear4bit layer this machine can run (`ours`;
+    unsloth's fused Triton path and classic path, the bnb ctypes calls the puzzle was written against;
+    bitsandbytes' dequantize_4bit), and {name: reason} for each baseline it cannot (unsloth's need a
+    GPU and kernels that import): skipped, never raised."""
     import bitsandbytes.functional as bnbf
     methods, skipped = {"ours": ours}, {}
     utils, reason = None, "needs a CUDA GPU"
@@ -365,9 +353,8 @@ def dequantizers(ours: Callable) -> tuple[dict[str, Callable], dict[str, str]]:
 
 
 def check_baselines(methods: dict[str, Callable], reference: Callable, layers: Iterable) -> dict[str, str]:
-    """Each method but ours and `reference`, run on each layer and compared with `reference`
-    (dtype, shape, torch.equal): {name: why} for each that raised or differed. Reported, never
-    raised: the notebook asserts ours alone, and leaves these out of its timings (`usable`)."""
+    """{name: why} for each method but ours and `reference` that raised or differed from `reference`
+    (dtype, shape, torch.equal) on a layer: reported, never raised (`usable` leaves them out)."""
     problems = {}
     for layer in layers:
         expected = reference(layer)
@@ -388,7 +375,7 @@ def check_baselines(methods: dict[str, Callable], reference: Callable, layers: I
 def usable(methods: dict[str, Callable], skipped: dict[str, str]) -> dict[str, Callable]:
     """`methods` without those in `skipped`, each left out printed with its reason."""
     for name, reason in skipped.items():
-        print(_wrap(f"skipped {METHODS[name].column if name in METHODS else name}: {reason}", "    "))
+        print(_wrap(f"skipped {_column(name)}: {reason}", "    "))
     return {name: method for name, method in methods.items() if name not in skipped}
 
 
@@ -397,13 +384,9 @@ class MLP(torch.nn.Module):
 
     def __init__(self, hd: int, m: int, dtype: torch.dtype, device: str):
         super().__init__()
-        import bitsandbytes as bnb
         from transformers.activations import ACT2FN
-        make = lambda i, o: bnb.nn.Linear4bit(i, o, bias=None, compute_dtype=dtype, quant_type="nf4").to(device)
-        self.gate_proj, self.up_proj, self.down_proj = make(hd, m), make(hd, m), make(m, hd)
-        for layer in self.layers():
-            layer.weight.quant_state.dtype = dtype
-        self.act_fn = ACT2FN["silu"]
+        self.gate_proj, self.up_proj = _nf4_linear(hd, m, dtype, device), _nf4_linear(hd, m, dtype, device)
+        self.down_proj, self.act_fn = _nf4_linear(m, hd, dtype, device), ACT2FN["silu"]
 
     def layers(self):
         return self.gate_proj, self.up_proj, self.down_proj
@@ -417,19 +400,10 @@ def mlp_with_weights(X, gate, up, down, act_fn):
     return (act_fn(X @ gate.t()) * (X @ up.t())) @ down.t()
 
 
-def check_quant_state_layout(layer, dtype):
-    """The quant state must keep bitsandbytes' layout after our function has run on it."""
-    W, qs = layer.weight, layer.weight.quant_state
-    assert W.dtype == torch.uint8 and qs.absmax.dtype == torch.uint8, (W.dtype, qs.absmax.dtype)
-    assert qs.dtype == dtype, f"quant_state.dtype {qs.dtype} != {dtype}"
-    assert {qs.code.dtype, qs.offset.dtype, qs.state2.absmax.dtype, qs.state2.code.dtype} == {torch.float32}
-    assert qs.blocksize == 64 and qs.state2.blocksize == 256
-
-
 def make_case(case, device: str = "cuda", scale: int = 1):
-    """One procedure case: (seeded MLP, X), built as the procedure builds them (transformers'
-    set_seed, float32 default dtype); the caller's default dtype and random states are restored.
-    scale > 1 shrinks hd, m and qlen for CPU runs."""
+    """One procedure case, (seeded MLP, X), built as the procedure builds it (transformers' set_seed,
+    float32 default dtype), the caller's default dtype and random states restored. scale > 1
+    shrinks hd, m and qlen for CPU runs."""
     from transformers import set_seed
     bsz, qlen, hd, m, seed, dtype = case
     with default_dtype(torch.float32), kept_random_state():
@@ -440,22 +414,25 @@ def make_case(case, device: str = "cuda", scale: int = 1):
 
 
 def warmup_checks(dequantize: Callable, reference: Callable, mlp: MLP, X: torch.Tensor, dtype):
-    """The procedure's two warm-up rounds: the MLP from our weights matches the bnb module, the
-    quant state keeps its layout, and each weight matches the reference's (assert_close)."""
+    """The procedure's two warm-up rounds: the MLP from `dequantize`'s weights matches the bnb module;
+    each quant state keeps bitsandbytes' layout, and each weight matches `reference`'s."""
     for _ in range(2):
         weights = [dequantize(layer) for layer in mlp.layers()]
         torch.testing.assert_close(mlp_with_weights(X, *weights, mlp.act_fn), mlp(X), check_stride=True)
-        for layer in mlp.layers():
-            check_quant_state_layout(layer, dtype)
         for layer, ours in zip(mlp.layers(), weights):
+            W, qs = layer.weight, layer.weight.quant_state
+            assert W.dtype == torch.uint8 and qs.absmax.dtype == torch.uint8, (W.dtype, qs.absmax.dtype)
+            assert qs.dtype == dtype, f"quant_state.dtype {qs.dtype} != {dtype}"
+            assert {qs.code.dtype, qs.offset.dtype, qs.state2.absmax.dtype, qs.state2.code.dtype} == {torch.float32}
+            assert qs.blocksize == 64 and qs.state2.blocksize == 256
             theirs = reference(layer)
             assert ours.dtype == theirs.dtype == dtype
             torch.testing.assert_close(ours.t(), theirs.t(), check_stride=True)
 
 
 def timed_loop(dequantize: Callable, mlp: MLP, iterations: int = 1000) -> float:
-    """The procedure's timed part for one case: wall clock seconds of `iterations` rounds of
-    up, gate, down, each dequantized, transposed and synchronized."""
+    """The procedure's timed part for one case: wall clock seconds of `iterations` rounds of up, gate,
+    down, each dequantized, transposed and synchronized."""
     up, gate, down = mlp.up_proj, mlp.gate_proj, mlp.down_proj
     sync = synchronize
     start = time.time()
@@ -470,9 +447,8 @@ def timed_loop(dequantize: Callable, mlp: MLP, iterations: int = 1000) -> float:
 
 
 def _inside_the_procedure(dequantize: Callable, mlp: MLP) -> dict:
-    """GPU and host time per call of one method on one case's layers, as the timed loop calls it:
-    GPU time profiled over 50 rounds of the loop itself (no L2 flush, as in the procedure); host
-    time per call with the GPU idle before it, cycling up, gate, down."""
+    """GPU and host time per call on one case's layers as the timed loop calls them: GPU time over 50
+    rounds of the loop itself (no L2 flush, as in the procedure); host time per call, GPU idle before."""
     calls = 3 * 50
     events = _profiled(lambda: timed_loop(dequantize, mlp, calls // 3))
     layers = itertools.cycle(mlp.layers())
@@ -483,13 +459,10 @@ def _inside_the_procedure(dequantize: Callable, mlp: MLP) -> dict:
 
 def procedure_table(methods: dict[str, Callable], reference: Callable, repeats: int = 3,
                     iterations: int = 1000, device: str = "cuda", scale: int = 1) -> dict:
-    """The published procedure for several methods (named as in METHODS) side by side in one
-    process. Per case the MLP is built once, every method passes the warm-up checks on it, then
-    the methods' timed loops alternate, `repeats` times; on a GPU each case also records per
-    method GPU and host time per call inside the procedure (`_inside_the_procedure`).
-
-    Returns per method: median, min, max and every run's total seconds, and per case its
-    `calls`, median seconds, wall-clock microseconds per call (and gpu_us, host_us on a GPU)."""
+    """The published procedure for several methods side by side: per case the MLP is built once, every
+    method passes the warm-up checks on it, then their timed loops alternate, `repeats` times. Returns
+    per method the median, min, max and each run's total seconds, and per case its `calls`, median
+    seconds and wall-clock µs per call (on a GPU also `_inside_the_procedure`)."""
     results = {name: {"runs_s": [0.0] * repeats, "cases": []} for name in methods}
     for bsz, qlen, hd, m, seed, dtype in PROCEDURE_CASES:
         mlp, X = make_case((bsz, qlen, hd, m, seed, dtype), device, scale)
@@ -504,7 +477,7 @@ def procedure_table(methods: dict[str, Callable], reference: Callable, repeats: 
             for name, dequantize in methods.items():
                 case = {"case": f"{bsz}x{max(1, qlen // scale)}, {hd // scale}->{m // scale}",
                         "weight": f"{m // scale}x{hd // scale}", "dtype": dtype_name(dtype),
-                        "calls": 3 * iterations, "median_s": _quantile(sorted(runs[name]), 0.5)}
+                        "calls": 3 * iterations, "median_s": _quantile(runs[name], 0.5)}
                 case["wall_us"] = case["median_s"] / case["calls"] * 1e6
                 if device == "cuda":
                     case.update(_inside_the_procedure(dequantize, mlp))
@@ -512,15 +485,14 @@ def procedure_table(methods: dict[str, Callable], reference: Callable, repeats: 
         del mlp, X
     for result in results.values():
         runs = result["runs_s"]
-        result.update(median_s=_quantile(sorted(runs), 0.5), min_s=min(runs), max_s=max(runs))
+        result.update(median_s=_quantile(runs, 0.5), min_s=min(runs), max_s=max(runs))
     return results
 
 
 def time_split(procedure: dict) -> list[dict]:
-    """Where one call's wall-clock time goes inside the procedure, per case and method (µs): GPU
-    time, host time to issue the call, and the rest (launch latency, synchronize, .t(), the loop),
-    negative where the GPU runs a call's first kernels while the host still issues its last (the
-    three-launch paths). Empty for results without the split."""
+    """Where one call's wall-clock time goes in the procedure, per case and method (µs): GPU time, host
+    time to issue the call, and the rest (launch latency, synchronize, .t(), the loop), negative where
+    the GPU runs a call's first kernels while the host still issues its last. Empty without the split."""
     return [{"method": method, "case": case["case"], "weight": case["weight"], "dtype": case["dtype"],
              "wall_us": case["wall_us"], "gpu_us": case["gpu_us"], "host_us": case["host_us"],
              "rest_us": case["wall_us"] - case["gpu_us"] - case["host_us"]}
@@ -528,9 +500,8 @@ def time_split(procedure: dict) -> list[dict]:
 
 
 def saved_per_call(procedure: dict, baseline: str) -> dict | None:
-    """Of the wall-clock time saved per call against `baseline` over the whole procedure, how
-    much is kernel (GPU) time and how much the launch path (the rest), µs per call; None for
-    results without the split."""
+    """Of the wall-clock time saved per call against `baseline` over the procedure, how much is kernel
+    (GPU) time and how much the launch path (the rest), µs per call; None without the split."""
     pairs = list(zip(procedure["ours"].get("cases", []), procedure[baseline].get("cases", [])))
     if not pairs or not all("gpu_us" in a and "gpu_us" in b for a, b in pairs):
         return None
@@ -540,13 +511,9 @@ def saved_per_call(procedure: dict, baseline: str) -> dict | None:
     return {"saved_us": saved, "kernel_us": kernel, "launch_path_us": saved - kernel}
 
 
-# ---------------------------------------------------------------------------------------------
-# 4. GPU and host timing
-# ---------------------------------------------------------------------------------------------
+# 4. GPU and host timing -----------------------------------------------------------------------
 GPU_TIME_METHOD = ("GPU time: summed durations of every kernel, copy and memset one call launches "
                    "(CUPTI via torch.profiler), L2 flushed before each call")
-GRAPH_TIME_METHOD = ("CUDA-graph replay of (L2 flush, call) x N minus N flushes, CUDA events: counts "
-                     "the gaps before and between a call's kernels too")
 HOST_TIME_METHOD = "host time: perf_counter around one call issued with the GPU idle (synchronized before, untimed)"
 FLOOR_METHOD = ("torch.empty of the output plus one launch of a compiled one-store Triton kernel through "
                 "Triton's CompiledKernel launcher, stream given (compiled[grid](out, stream=s): no argument "
@@ -554,18 +521,17 @@ FLOOR_METHOD = ("torch.empty of the output plus one launch of a compiled one-sto
                 "the launcher's run directly, whose arguments change with Triton's version)")
 
 
-def _quantile(ordered: Sequence[float], q: float) -> float:
+def _quantile(values: Sequence[float], q: float) -> float:
     # linear interpolation between the closest ranks (numpy's default)
+    ordered = sorted(values)
     position = q * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    low = int(position)
+    return ordered[low] + (ordered[min(low + 1, len(ordered) - 1)] - ordered[low]) * (position - low)
 
 
-@dataclass(frozen=True)
-class Timing:
-    """A time per call in microseconds: median, 20th and 80th percentiles over `samples` calls;
-    `kernels`: the GPU operations one call launches (GPU clocks only)."""
+class Timing(NamedTuple):
+    """A time per call in µs: median, 20th and 80th percentiles over `samples` calls; `kernels`: the
+    GPU operations one call launches (GPU clocks only)."""
     median_us: float
     p20_us: float
     p80_us: float
@@ -573,14 +539,17 @@ class Timing:
     kernels: int | None = None
 
     @classmethod
-    def of(cls, samples_us: Sequence[float], kernels: int | None = None) -> "Timing":
+    def of(cls, samples_us: Sequence[float], kernels: int | None = None) -> Timing:
         if not samples_us:
             raise ValueError("no samples")
-        ordered = sorted(samples_us)
-        return cls(_quantile(ordered, 0.5), _quantile(ordered, 0.2), _quantile(ordered, 0.8), len(ordered), kernels)
+        return cls(*(_quantile(samples_us, q) for q in (0.5, 0.2, 0.8)), len(samples_us), kernels)
 
     def gbs(self, n_bytes: float) -> float:
         return n_bytes / (self.median_us * 1e-6) / 1e9
+
+    def fields(self, name: str) -> dict:
+        """As the tables store it: <name>_us (the median), <name>_p20_us, <name>_p80_us."""
+        return {f"{name}_us": self.median_us, f"{name}_p20_us": self.p20_us, f"{name}_p80_us": self.p80_us}
 
 
 class DeviceEvent(NamedTuple):
@@ -632,17 +601,10 @@ def synchronize():
         torch.cuda.synchronize()
 
 
-def device_events(profile) -> list[DeviceEvent]:
-    """Every GPU operation a finished torch.profiler run recorded, in start order."""
-    from torch.autograd import DeviceType
-    return sorted(DeviceEvent(e.time_range.start, e.time_range.end, e.name)
-                  for e in profile.events() if e.device_type == DeviceType.CUDA)
-
-
 def calls_between_flushes(events: Iterable[DeviceEvent]) -> list[list[DeviceEvent]]:
-    """The GPU operations of each timed call: those between one flush and the next. Operations
-    before the first flush or after the last belong to no call. A call that launched nothing on
-    the GPU is an error: its time would silently read as zero."""
+    """The GPU operations of each timed call: those between one flush and the next (none before the
+    first flush or after the last belongs to a call). A call that launched nothing on the GPU is an
+    error: its time would silently read as zero."""
     calls, current = [], None
     for event in sorted(events):
         if FLUSH_KERNEL in event.name:
@@ -657,21 +619,24 @@ def calls_between_flushes(events: Iterable[DeviceEvent]) -> list[list[DeviceEven
 
 
 def _profiled(work: Callable[[], object]) -> list[DeviceEvent]:
+    """Every GPU operation of one profiled run of `work`, in start order."""
+    from torch.autograd import DeviceType
     synchronize()
     with warnings.catch_warnings():  # each session is one cycle: its end-of-cycle notice says nothing
         warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
             work()
             torch.cuda.synchronize()
-        events = device_events(profile)
+        events = sorted(DeviceEvent(e.time_range.start, e.time_range.end, e.name)
+                        for e in profile.events() if e.device_type == DeviceType.CUDA)
     if not events:
         raise RuntimeError("the profiler recorded no GPU activity (is CUPTI available?)")
     return events
 
 
 def profiled_calls(fn: Callable[[], object], calls: int, flush: L2Flush) -> list[DeviceEvent]:
-    """One profiled run of `calls` calls of fn, each after an L2 flush, and a last flush to close
-    the last call; three unprofiled calls first (they compile, validate, tune: not what is timed)."""
+    """One profiled run of `calls` calls of fn, each after an L2 flush, and a last flush to close the
+    last call; three unprofiled calls first (they compile, validate, tune: not what is timed)."""
     for _ in range(3):
         flush()
         fn()
@@ -700,54 +665,9 @@ def gpu_time(fn: Callable[[], object], calls: int = 100, flush: L2Flush | None =
     return Timing.of(*gpu_samples(fn, calls, flush or l2_flush()))
 
 
-def _capture(work: Callable[[], object]) -> "torch.cuda.CUDAGraph":
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up off the default stream, as capture wants
-        work()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        work()
-    return graph
-
-
-def _replay_us(graph) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3
-
-
-def graph_time(fn: Callable[[], object], flush: L2Flush | None = None) -> Timing | None:
-    """GPU time per call by CUDA-graph replay (GRAPH_TIME_METHOD), or None where fn cannot be
-    captured: graphs of 20 (flush, call) pairs and of 20 flushes replayed in turn, ten times;
-    each sample is their difference over 20."""
-    flush, calls = flush or l2_flush(), 20
-
-    def calls_and_flushes():
-        for _ in range(calls):
-            flush()
-            fn()
-
-    def flushes():
-        for _ in range(calls):
-            flush()
-
-    try:
-        with_calls, flushes_only = _capture(calls_and_flushes), _capture(flushes)
-    except Exception:  # capture refused (a host sync, a launch on another stream): no cross-check
-        torch.cuda.synchronize()
-        return None
-    samples = [(_replay_us(with_calls) - _replay_us(flushes_only)) / calls for _ in range(11)]
-    return Timing.of(samples[1:])  # the first replay uploads the graph
-
-
 def host_time(fn: Callable[[], object], calls: int = 500) -> Timing:
-    """Host time of one call of fn (HOST_TIME_METHOD): the GPU is idle when each call starts, as
-    after the procedure's synchronize, so no call waits behind another's GPU work."""
+    """Host time of one call of fn (HOST_TIME_METHOD): the GPU is idle when each call starts, as after
+    the procedure's synchronize, so no call waits behind another's GPU work."""
     for _ in range(20):
         fn()
     samples = []
@@ -779,12 +699,6 @@ def ceiling_launch(n_elements: int, bytes_per_program: int, num_warps: int) -> C
                                               num_warps=num_warps)
 
 
-def copy_ceiling(n_elements: int, flush: L2Flush) -> tuple[int, int]:
-    """The copy ceiling's configuration (bytes per program, warps): the fastest of a small sweep."""
-    configs = ((1024, 4), (2048, 4), (4096, 8), (8192, 8))
-    return min(configs, key=lambda c: gpu_time(ceiling_launch(n_elements, *c), calls=30, flush=flush).median_us)
-
-
 def device_copy_gbs() -> float:
     """A 1 GiB device-to-device copy's bandwidth by GPU time, counting bytes read plus written."""
     src = torch.empty(1 << 29, dtype=torch.int16, device="cuda").random_()
@@ -793,15 +707,15 @@ def device_copy_gbs() -> float:
 
 
 def kernel_table(methods: dict[str, Callable]) -> list[dict]:
-    """Per weight shape (KERNEL_SHAPES): every method's GPU time (median, p20, p80 of the 150
-    calls of three rounds of 50 that time the methods in turn), GB/s and GPU operations per call;
-    the copy ceiling the same way (`ceiling_*`, its configuration `ceiling_config`); per method a
-    CUDA-graph cross-check (`<method>_graph_us`, None where capture fails)."""
+    """Per weight shape (KERNEL_SHAPES): each method's GPU time (median, p20, p80 of 150 calls: three
+    rounds of 50 that time the methods in turn), GB/s and GPU operations per call; the same for the copy
+    ceiling (`ceiling_*`) in the fastest configuration of a small sweep (`ceiling_config`)."""
     flush, rows = l2_flush(), []
     for out_features, in_features, dtype in KERNEL_SHAPES:
         layer = make_layer(out_features, in_features, dtype)
         n = out_features * in_features
-        ceiling = copy_ceiling(n, flush)
+        ceiling = min(((1024, 4), (2048, 4), (4096, 8), (8192, 8)),  # (bytes per program, warps)
+                      key=lambda c: gpu_time(ceiling_launch(n, *c), calls=30, flush=flush).median_us)
         timed = {name: (lambda fn=fn: fn(layer)) for name, fn in methods.items()}
         timed["ceiling"] = ceiling_launch(n, *ceiling)
         samples, kernels = collections.defaultdict(list), {}
@@ -811,12 +725,10 @@ def kernel_table(methods: dict[str, Callable]) -> list[dict]:
                 samples[name] += times
         row = {"shape": f"{out_features}x{in_features}", "dtype": dtype_name(dtype),
                "bytes": bytes_moved(n, dtype), "ceiling_config": list(ceiling)}
-        for name, fn in timed.items():
-            timing, graph = Timing.of(samples[name], kernels[name]), graph_time(fn, flush=flush)
-            row.update({f"{name}_us": timing.median_us, f"{name}_p20_us": timing.p20_us,
-                        f"{name}_p80_us": timing.p80_us, f"{name}_gbs": timing.gbs(row["bytes"]),
-                        f"{name}_kernels": timing.kernels, f"{name}_samples": timing.samples,
-                        f"{name}_graph_us": graph.median_us if graph else None})
+        for name in timed:
+            timing = Timing.of(samples[name], kernels[name])
+            row.update(timing.fields(name), **{f"{name}_gbs": timing.gbs(row["bytes"]),
+                                               f"{name}_kernels": timing.kernels, f"{name}_samples": timing.samples})
         rows.append(row)
         del layer, timed
     return rows
@@ -830,9 +742,8 @@ def _store_16_zeros(out_ptr):
 
 
 def cpu_cost_table(methods: dict[str, Callable]) -> dict:
-    """Host time per call (HOST_TIME_METHOD) of every method on the procedure's first weight,
-    beside the floor (FLOOR_METHOD), torch.empty alone, and a standard Triton launch
-    (`kernel[grid](out)`) of the floor's kernel."""
+    """Host time per call (HOST_TIME_METHOD) of every method on the procedure's first weight, beside the
+    floor (FLOOR_METHOD), torch.empty alone, and a standard Triton launch of the floor's kernel."""
     out_features, in_features, dtype = KERNEL_SHAPES[0]
     size = torch.Size((out_features, in_features))
     layer = make_layer(out_features, in_features, dtype)
@@ -845,20 +756,15 @@ def cpu_cost_table(methods: dict[str, Callable]) -> dict:
                  empty=lambda: torch.empty(size, dtype=dtype, device="cuda"), triton_launch=standard)
     table = {"layer": f"{out_features}x{in_features} {dtype_name(dtype)}", "floor": FLOOR_METHOD}
     for name, fn in timed.items():
-        timing = host_time(fn)
-        table.update({f"{name}_us": timing.median_us, f"{name}_p20_us": timing.p20_us,
-                      f"{name}_p80_us": timing.p80_us})
+        table.update(host_time(fn).fields(name))
     return table
 
 
-# ---------------------------------------------------------------------------------------------
-# 5. torch.compile: what compiles on this GPU, and what it matches
-# ---------------------------------------------------------------------------------------------
+# 5. torch.compile: what compiles on this GPU, and what it matches ----------------------------
 def inductor_refusal(error: BaseException) -> str | None:
-    """Why Inductor refused to compile a graph, or None when `error` is not such a refusal.
-    Inductor skips a graph by raising SkipFrame inside the compiler (on a GPU without native bf16:
-    torch/_inductor/compile_fx.py, _check_triton_bf16_support, "BF16 is not supported"); under
-    fullgraph=True it reaches the caller inside an InductorError (inner_exception or __cause__)."""
+    """Why Inductor refused to compile a graph (a SkipFrame: on a GPU without native bf16, compile_fx.py
+    _check_triton_bf16_support), found along the error chain, where fullgraph=True wraps it in an
+    InductorError; None when `error` is no such refusal."""
     from torch._dynamo.exc import SkipFrame
     seen = set()
     while error is not None and id(error) not in seen:
@@ -870,31 +776,24 @@ def inductor_refusal(error: BaseException) -> str | None:
 
 
 def _fresh(function: Callable) -> Callable:
-    """A copy of `function` with its own code object. torch.compile keeps what it compiled on the
-    code object, so the copy compiles afresh without torch.compiler.reset(), which would also drop
-    every function the user compiled."""
+    """A copy of `function` with its own code object, on which torch.compile keeps what it compiled: the
+    copy compiles afresh without torch.compiler.reset(), which would drop every function the user compiled."""
     return types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
                               function.__defaults__, function.__closure__)
 
 
 def compile_report(dequantize: Callable, dtypes=(torch.float16, torch.bfloat16), hd: int = PROCEDURE_CASES[0][2],
                    m: int = PROCEDURE_CASES[0][3], seed: int = PROCEDURE_CASES[0][4]) -> dict:
-    """torch.compile(fullgraph=True) of the procedure's MLP with its three weights dequantized by
-    `dequantize` inside the graph, on the current GPU, per dtype: what compiled and what it
-    matched, or why Inductor refused it. Each compile is of a fresh copy of the
-    function (`_fresh`), so torch.compile's caches of other functions are left alone; the random
-    states are restored. A refusal is reported, never raised: Inductor refuses bf16 graphs on a GPU
-    without native bf16 (a T4), and the notebook must still run there. Other errors are raised.
-
-    Returns {"gpu", "capability", "bf16_native", "dtypes": {str(dtype): result}}; bf16_native is
-    Inductor's own question (is_bf16_supported(including_emulation=False)). A compiled dtype's
-    result: {"compiled": True, <each check>}: each a bool but the max abs difference (Inductor
-    fuses silu(a) * b and rounds its intermediates differently from eager, unless it emulates
-    eager's casts). A refused one's: {"compiled": False, "refused_by", "reason", "warnings"}."""
+    """torch.compile(fullgraph=True) of the procedure's MLP, its weights dequantized by `dequantize` in
+    the graph, per dtype on the current GPU: what compiled and what it matched, or why Inductor refused
+    (reported, not raised: it refuses bf16 on a T4; other errors are raised). Each compile is of a
+    `_fresh` copy, so no other compiled function is dropped; the random states are restored. Returns
+    {"gpu", "capability", "bf16_native" (Inductor's own question), "dtypes": {str(dtype): checks}}:
+    each check a bool but the max abs difference (Inductor fuses silu(a) * b and rounds unlike eager
+    unless it emulates eager's casts), or {"compiled": False, "refused_by", "reason", "warnings"}."""
     import torch._inductor.config
     from torch._dynamo.device_interface import get_interface_for_device
     from torch._dynamo.utils import counters
-
     capability = torch.cuda.get_device_capability()
     report = {"gpu": torch.cuda.get_device_name(), "capability": f"{capability[0]}.{capability[1]}",
               "bf16_native": bool(get_interface_for_device("cuda").is_bf16_supported(including_emulation=False)),
@@ -953,10 +852,10 @@ def compile_claim(report: dict) -> str:
     refused = {dtype_name(n): r for n, r in report["dtypes"].items() if not r["compiled"]}
     good = [name for name, r in compiled.items()
             if r["weights_bit_identical"] and r["mlp_bit_identical_to_compiled_mlp_on_eager_weights"]
-            and r["mlp_bit_identical_to_eager_with_emulate_precision_casts"] and r["repeats_identical"]
-            and not r["recompiled"]]
-    parts = [f"{', '.join(good)}: fullgraph, no recompilation; weights bit-identical to eager, the MLP too "
-             "with emulate_precision_casts"] if good else []
+            and r["repeats_identical"] and not r["recompiled"]]
+    emulated = [name for name in good if compiled[name]["mlp_bit_identical_to_eager_with_emulate_precision_casts"]]
+    parts = [f"{', '.join(good)}: fullgraph, no recompilation; weights bit-identical to eager"
+             + (f"; the MLP too with emulate_precision_casts ({', '.join(emulated)})" if emulated else "")] if good else []
     parts += [f"{name}: compiled but NOT as claimed: {r}" for name, r in compiled.items() if name not in good]
     parts += [f"{name}: not compiled on this GPU ({report['gpu']}, compute capability {report['capability']}): "
               f"Inductor refused the graph ({r['reason']})"
@@ -965,26 +864,22 @@ def compile_claim(report: dict) -> str:
     return "; ".join(parts) if parts else "nothing was compiled"
 
 
-# ---------------------------------------------------------------------------------------------
-# 6. Tables, as markdown (shown with `show`; no line longer than MAX_LINE)
-# ---------------------------------------------------------------------------------------------
+# 6. Tables, as markdown (shown with `show`; no line longer than MAX_LINE) --------------------
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence], align: str = "") -> str:
-    """A markdown table; `align` has a letter per column, 'l' or 'r' (default: the first column
-    left, the others right). Cells are str()ed, '|' escaped."""
-    cell = lambda value: str(value).replace("|", "\\|")
-    align = align or "l" + "r" * (len(header) - 1)
-    lines = ["| " + " | ".join(map(cell, header)) + " |",
-             "|" + "|".join({"l": ":--", "r": "--:"}[a] for a in align) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(map(cell, row)) + " |" for row in rows])
+    """A markdown table; `align` has a letter per column, 'l' or 'r' (default: the first column left,
+    the others right). Cells are str()ed, '|' escaped."""
+    line = lambda cells: "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+    rule = "|" + "|".join({"l": ":--", "r": "--:"}[a] for a in align or "l" + "r" * (len(header) - 1)) + "|"
+    return "\n".join([line(header), rule, *map(line, rows)])
 
 
-def _column(name: str) -> str:
-    return METHODS[name].column if name in METHODS else name
+def _weight(shape: str, dtype, between: str = " ") -> str:
+    return f"{shape}{between}{short_dtype(dtype)}"
 
 
 def format_procedure(procedure: dict) -> str:
-    """procedure_table as markdown: per method the total seconds (median, min - max over the
-    runs) and its time over ours (and over ours with the fast launch off, where that ran)."""
+    """procedure_table as markdown: per method the total seconds (median, min - max over the runs) and
+    its time over ours (and over ours with the fast launch off, where that ran)."""
     ours = [name for name in OURS if name in procedure]
     rows = [[_column(name), f"{r['median_s']:.4f}", f"{r['min_s']:.4f} - {r['max_s']:.4f}",
              *("" if name == o else f"{r['median_s'] / procedure[o]['median_s']:.2f}x" for o in ours)]
@@ -997,18 +892,16 @@ def format_procedure(procedure: dict) -> str:
 
 
 def format_kernel_table(rows: Sequence[dict], methods: Sequence[str]) -> str:
-    """kernel_table's rows as markdown: GPU time per call with baseline / ours; its spread; GB/s
-    with the copy ceiling's share of ours; the CUDA-graph cross-check."""
+    """kernel_table's rows as markdown: GPU time per call with baseline / ours; its spread; GB/s with
+    the copy ceiling's share of ours."""
     names = [*methods, "ceiling"]
-    header = ["weight", *(_column(n) if n != "ceiling" else "copy ceiling" for n in names)]
 
-    def table(cell, extra=None):
-        return markdown_table(header + ([extra[0]] if extra else []), [
-            [f"{r['shape']} {short_dtype(r['dtype'])}", *(cell(r, n) for n in names), *([extra[1](r)] if extra else [])]
-            for r in rows])
+    def table(cell, extra=None):  # extra: (header, cell) of a last column
+        return markdown_table(["weight", *map(_column, methods), "copy ceiling", *([extra[0]] if extra else [])],
+                              [[_weight(r["shape"], r["dtype"]), *(cell(r, n) for n in names),
+                                *([extra[1](r)] if extra else [])] for r in rows])
 
     ratio = lambda r, n: "" if n in OURS or n == "ceiling" else f" ({r[f'{n}_us'] / r['ours_us']:.2f}x)"
-    graph = lambda r, n: "no capture" if r[f"{n}_graph_us"] is None else f"{r[f'{n}_graph_us']:.2f}"
     kernels = ", ".join(f"{_column(n)} {rows[0][f'{n}_kernels']}" for n in methods)
     return "\n\n".join([
         _wrap(f"Kernel only. {GPU_TIME_METHOD}; µs per call, median of {rows[0]['ours_samples']} calls, "
@@ -1018,8 +911,7 @@ def format_kernel_table(rows: Sequence[dict], methods: Sequence[str]) -> str:
         table(lambda r, n: f"{r[f'{n}_p20_us']:.2f} - {r[f'{n}_p80_us']:.2f}"),
         "GB/s (bytes moved / GPU time), and the copy ceiling's time as a share of ours:",
         table(lambda r, n: f"{r[f'{n}_gbs']:.0f}",
-              ("ceiling / ours", lambda r: f"{r['ceiling_us'] / r['ours_us']:.1%}")),
-        _wrap(f"Cross-check, µs per call: {GRAPH_TIME_METHOD}."), table(graph)])
+              ("ceiling / ours", lambda r: f"{r['ceiling_us'] / r['ours_us']:.1%}"))])
 
 
 def format_cpu_cost(cost: dict, methods: Sequence[str]) -> str:
@@ -1037,7 +929,7 @@ def format_time_split(procedure: dict) -> str:
     rows = time_split(procedure)
     if not rows:
         return ""
-    split = [[f"{r['weight']} {short_dtype(r['dtype'])}", _column(r["method"]),
+    split = [[_weight(r["weight"], r["dtype"]), _column(r["method"]),
               *(f"{r[k]:.1f}" for k in ("wall_us", "gpu_us", "host_us", "rest_us"))] for r in rows]
     saved = [[_column(b), *(f"{s[k]:.1f}" for k in ("saved_us", "kernel_us", "launch_path_us"))]
              for b in procedure if b not in OURS for s in [saved_per_call(procedure, b)] if s]
@@ -1063,27 +955,22 @@ def format_compile_report(report: dict) -> str:
                         markdown_table(["check", *map(dtype_name, report["dtypes"])], rows, "l" * (len(results) + 1))])
 
 
-# ---------------------------------------------------------------------------------------------
-# 7. Plots (every title names the GPU and the versions)
-# ---------------------------------------------------------------------------------------------
+# 7. Plots (every title names the GPU and the versions) ----------------------------------------
 def _legend_name(name: str) -> str:
     return METHODS[name].name.replace("`", "") if name in METHODS else name
 
 
 def _distinct_kernels(names: Sequence[str]) -> list[tuple[str, str]]:
-    """(method, legend label) per distinct kernel: where a method and the one whose kernels it
-    launches (SAME_KERNELS) were both timed, one series stands for both, with the latter's times."""
-    series = []
-    for name in names:
-        if SAME_KERNELS.get(name) not in names:
-            twins = [twin for twin, same in SAME_KERNELS.items() if same == name and twin in names]
-            series.append((name, _legend_name(name) + "".join(f" / {_column(t)} (same 3 kernels)" for t in twins)))
-    return series
+    """(method, legend label) per distinct kernel: where a method and the one whose kernels it launches
+    (SAME_KERNELS) were both timed, one series stands for both, with the latter's times."""
+    return [(name, _legend_name(name) + "".join(f" / {_column(twin)} (same 3 kernels)" for twin, same
+                                                in SAME_KERNELS.items() if same == name and twin in names))
+            for name in names if SAME_KERNELS.get(name) not in names]
 
 
-def _grouped_bars(ax, groups: int, series: Sequence[tuple[str, list[float]]], fmt: str):
+def _bars(ax, groups: int, series: Sequence[tuple[str, list[float]]], fmt: str) -> float:
     """One bar per (label, values) series in each of `groups` groups, its value written at its foot,
-    inside the bar: clear of every reference line, which all lie higher."""
+    inside the bar, clear of every reference line (they all lie higher). Returns the tallest value."""
     width = 0.8 / max(1, len(series))
     for i, (label, values) in enumerate(series):
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(groups)]
@@ -1091,6 +978,13 @@ def _grouped_bars(ax, groups: int, series: Sequence[tuple[str, list[float]]], fm
         for x, value in zip(xs, values):
             ax.annotate(fmt % value, (x, 0), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom",
                         fontsize=7, color="white", fontweight="bold")
+    return max((v for _, values in series for v in values), default=1.0)
+
+
+def _save(fig, path: Path | None):
+    if path is not None:
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+    return fig
 
 
 def _finish(fig, ax, what: str, how: str, env: dict, path: Path | None):
@@ -1098,9 +992,7 @@ def _finish(fig, ax, what: str, how: str, env: dict, path: Path | None):
     # the legend right of the axes: it never covers a bar or a value label
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120, bbox_inches="tight")
-    return fig
+    return _save(fig, path)
 
 
 def _speedup_axes(ax, top: float, labels: Sequence[str], ylabel: str):
@@ -1111,20 +1003,15 @@ def _speedup_axes(ax, top: float, labels: Sequence[str], ylabel: str):
     ax.set_ylabel(ylabel)
 
 
-def _shape_labels(rows: Sequence[dict]) -> list[str]:
-    return [f"{r['shape']}\n{short_dtype(r['dtype'])}" for r in rows]
-
-
 def plot_procedure(procedure: dict, env: dict, path: Path | None = None):
-    """The published procedure: baseline time / ours per baseline, with lines at 1.0 and the
-    puzzle's 1.15x; beside each, where it ran, baseline time / ours with the fast launch off."""
+    """The published procedure: baseline time / ours per baseline, with lines at 1.0 and the puzzle's
+    1.15x; beside each, where it ran, baseline time / ours with the fast launch off."""
     import matplotlib.pyplot as plt
     baselines = [name for name in procedure if name not in OURS]
     series = [(f"baseline / {_column(o)}", [procedure[b]["median_s"] / procedure[o]["median_s"] for b in baselines])
               for o in OURS if o in procedure]
     fig, ax = plt.subplots(figsize=(8, 4))
-    _grouped_bars(ax, len(baselines), series, "%.2fx")
-    _speedup_axes(ax, max((v for _, values in series for v in values), default=1.0),
+    _speedup_axes(ax, _bars(ax, len(baselines), series, "%.2fx"),
                   [_legend_name(b).replace(" (", "\n(") for b in baselines], "baseline time / ours")
     runs = len(procedure["ours"].get("runs_s", [])) or 1
     return _finish(fig, ax, "Published test_dequantize procedure", f"{PROCEDURE_METHOD}, median of {runs}", env, path)
@@ -1137,8 +1024,7 @@ def plot_kernel_speedups(rows: Sequence[dict], baselines: Sequence[str], env: di
     series = [(f"vs {label}", [r[f"{base}_us"] / r["ours_us"] for r in rows])
               for base, label in _distinct_kernels(baselines)]
     fig, ax = plt.subplots(figsize=(9, 4))
-    _grouped_bars(ax, len(rows), series, "%.2fx")
-    _speedup_axes(ax, max((v for _, values in series for v in values), default=1.0), _shape_labels(rows),
+    _speedup_axes(ax, _bars(ax, len(rows), series, "%.2fx"), [_weight(r["shape"], r["dtype"], "\n") for r in rows],
                   "baseline GPU time / ours")
     return _finish(fig, ax, "NF4 dequantize, kernel only", "GPU time (CUPTI kernel durations, L2 flushed), median "
                    f"of {rows[0].get('ours_samples', 'the')} calls", env, path)
@@ -1146,13 +1032,12 @@ def plot_kernel_speedups(rows: Sequence[dict], baselines: Sequence[str], env: di
 
 def plot_bandwidth(rows: Sequence[dict], methods: Sequence[str], env: dict, copy_gbs: float | None,
                    path: Path | None = None):
-    """Achieved GB/s per shape of each distinct kernel, the values inside the bars; the no-math copy
-    ceiling as a reference mark over each shape (not a method); env's datasheet peak and a
-    measured device copy as lines."""
+    """Achieved GB/s per shape of each distinct kernel; the no-math copy ceiling as a reference mark over
+    each shape (not a method); env's datasheet peak and a measured device copy as lines."""
     import matplotlib.pyplot as plt
     series = [(label, [r[f"{name}_gbs"] for r in rows]) for name, label in _distinct_kernels(methods)]
     fig, ax = plt.subplots(figsize=(9, 4))
-    _grouped_bars(ax, len(rows), series, "%.0f")
+    top = _bars(ax, len(rows), series, "%.0f")
     ceilings = [(j, r["ceiling_gbs"]) for j, r in enumerate(rows) if "ceiling_gbs" in r]
     if ceilings:
         ax.hlines([gbs for _, gbs in ceilings], [j - 0.45 for j, _ in ceilings], [j + 0.45 for j, _ in ceilings],
@@ -1162,18 +1047,18 @@ def plot_bandwidth(rows: Sequence[dict], methods: Sequence[str], env: dict, copy
         if value:
             ax.axhline(value, color="black" if style == ":" else "gray", linestyle=style,
                        label=f"{label} {value:.0f} GB/s")
-    ax.set_ylim(0, max([peak or 0, copy_gbs or 0] + [v for _, values in series for v in values]) * 1.15)
-    ax.set_xticks(range(len(rows)), _shape_labels(rows))
+    ax.set_ylim(0, max(peak or 0, copy_gbs or 0, top) * 1.15)
+    ax.set_xticks(range(len(rows)), [_weight(r["shape"], r["dtype"], "\n") for r in rows])
     ax.set_ylabel("GB/s (bytes read + written)")
     return _finish(fig, ax, "NF4 dequantize, achieved bandwidth",
                    "bytes moved / GPU time (CUPTI kernel durations, L2 flushed), median", env, path)
 
 
 def plot_time_split(procedure: dict, env: dict, path: Path | None = None):
-    """One call of each method inside the procedure, per case, as a bar ending at the measured wall
-    clock per call: host time to issue the call from 0, then the rest (launch latency, synchronize,
-    loop), then GPU time ending at the wall clock. Where GPU and host overlap (the rest is negative)
-    the GPU bar starts inside the host bar, the overlap hatched; no bar passes the wall clock."""
+    """One call of each method in the procedure, per case, as a bar ending at the wall clock per call:
+    host time to issue the call from 0, then the rest (launch latency, synchronize, loop), then GPU
+    time ending at the wall clock. Where GPU and host overlap (the rest is negative) the GPU bar starts
+    inside the host bar, the overlap hatched; no bar passes the wall clock."""
     import matplotlib.pyplot as plt
     rows = time_split(procedure)
     cases = list(dict.fromkeys(r["case"] for r in rows))
@@ -1195,7 +1080,7 @@ def plot_time_split(procedure: dict, env: dict, path: Path | None = None):
             ax.annotate(f"{wall:.1f} µs", (wall, y), xytext=(4, 0), textcoords="offset points", va="center",
                         fontsize=8)
         ax.set_xlim(0, max(walls) * 1.35)
-        ax.set_title(f"{here[0]['weight']} {short_dtype(here[0]['dtype'])} ({case})", fontsize=9)
+        ax.set_title(f"{_weight(here[0]['weight'], here[0]['dtype'])} ({case})", fontsize=9)
         ax.set_xlabel("µs per call")
         ax.set_yticks(ys, [_legend_name(m).replace(" (", "\n(") for m in methods], fontsize=8)
     axes[0][0].invert_yaxis()  # the y axis is shared: first method on top
@@ -1205,14 +1090,14 @@ def plot_time_split(procedure: dict, env: dict, path: Path | None = None):
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
-    if path is not None:
-        fig.savefig(path, dpi=120, bbox_inches="tight")
-    return fig
+    return _save(fig, path)
 
 
-# ---------------------------------------------------------------------------------------------
-# 8. Result files
-# ---------------------------------------------------------------------------------------------
+# 8. Result files --------------------------------------------------------------------------------
+MEASUREMENT = {"kernel": GPU_TIME_METHOD, "host": HOST_TIME_METHOD, "floor": FLOOR_METHOD,
+               "procedure": PROCEDURE_METHOD}  # how each clock measures, in every result file
+
+
 def results_dir(env: dict) -> Path:
     """results/<gpu>/ beside this file (results/cpu/ without a GPU), created if missing."""
     path = ROOT / "results" / gpu_slug(env["gpu"] if env["capability"] else "cpu")
@@ -1221,8 +1106,8 @@ def results_dir(env: dict) -> Path:
 
 
 def shown_path(path: Path) -> str:
-    """A path as printed and stored: relative to the repository (results/<gpu>/x.json), never
-    naming the machine's directories."""
+    """A path as printed and stored: relative to the repository (results/<gpu>/x.json), never naming the
+    machine's directories."""
     path = Path(path).resolve()
     try:
         return path.relative_to(ROOT).as_posix()
@@ -1231,10 +1116,8 @@ def shown_path(path: Path) -> str:
 
 
 def write_results(path: Path, env: dict, **tables) -> str:
-    """One JSON file: the environment (GPU, driver, versions, date), how each clock measures
-    (`measurement`) and the tables. Returns the path as `shown_path` prints it."""
-    measurement = {"kernel": GPU_TIME_METHOD, "graph": GRAPH_TIME_METHOD, "host": HOST_TIME_METHOD,
-                   "floor": FLOOR_METHOD, "procedure": PROCEDURE_METHOD}
-    Path(path).write_text(json.dumps({"environment": env, "measurement": measurement, **tables},
+    """One JSON file: the environment (GPU, driver, versions, date), how each clock measures (MEASUREMENT,
+    or a `measurement` table given) and the tables. Returns the path as `shown_path` prints it."""
+    Path(path).write_text(json.dumps({"environment": env, "measurement": MEASUREMENT, **tables},
                                      indent=2, default=str) + "\n")
     return shown_path(path)

@@ -24,6 +24,8 @@ def test_write_results_names_its_clocks_and_prints_a_relative_path(tmp_path, mon
     assert written["kernel"][1]["bnb_us"] == kernel_rows()[1]["bnb_us"]
     assert written["measurement"]["kernel"] == helpers.GPU_TIME_METHOD
     assert written["measurement"]["floor"] == helpers.FLOOR_METHOD
+    helpers.write_results(tmp_path / "g.json", {}, measurement={**helpers.MEASUREMENT, "graph": "replay"})
+    assert json.loads((tmp_path / "g.json").read_text())["measurement"]["graph"] == "replay"  # benchmark.py's
     assert helpers.shown_path(tmp_path.parent / "elsewhere.json") == "elsewhere.json"
 
 
@@ -65,7 +67,15 @@ def test_headline_from_gpu_time_results(tmp_path):
     assert "| kernel only, 4096x1024 bf16, µs |" in text
     kernel_ratios = [r["unsloth_fused_us"] / r["ours_us"] for r in rows]
     assert f"kernel ratios {min(kernel_ratios):.2f}x to {max(kernel_ratios):.2f}x" in text
-    assert "On a T4" in text and "the run shown below" in text
+    assert "On a T4" in text and "the notebook run committed here" in text
+    assert "Run all took" not in text  # these results carry no score card
+    results = json.loads((tmp_path / "notebook.json").read_text())
+    results["score"] = {"total": 13, "max": 14, "run_all_s": 300.0}
+    results["procedure"]["ours_no_fast_launch"] = dict(results["procedure"]["ours"], median_s=0.5)
+    (tmp_path / "notebook.json").write_text(json.dumps(results))
+    text = benchmark.headline(source, "notebook")
+    assert "Run all took 5.0 minutes there; its score card: 13 / 14." in text
+    assert "| the same, ours without the fast-launch cell, s | 0.500 |" in text
 
 
 def test_headline_from_older_results_names_their_clock(tmp_path):
