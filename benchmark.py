@@ -8,16 +8,12 @@ bitsandbytes on the GPU this runs on; print the tables and write results/<gpu>/b
                                      # re-measure that file's kernel table with the profiler
     python benchmark.py --headline [results/<gpu>]
                                      # rewrite the README's and the notebook's headline tables
-    python benchmark.py --table-entry results/<gpu>/notebook.json
-                                     # a LAUNCH_CONFIGS entry from that run's tuned configurations
 
---headline and --table-entry run anywhere (no GPU).
+--headline runs anywhere (no GPU).
 """
 from __future__ import annotations
 
 import argparse
-import ast
-import collections
 import itertools
 import json
 import re
@@ -237,7 +233,8 @@ def headline(source: str, where: str) -> str:
                                   for s in splits.values()) + " |")
     cost = results.get("cpu_cost", {})
     if all(f"{m}_us" in cost for m in methods):
-        lines.append(f"| host time to issue one call, µs (floor: `torch.empty` + a direct launch, "
+        lines.append("| host time to issue one call, µs (floor: `torch.empty` + a launch through Triton's compiled-kernel "
+                     f"launcher, "
                      f"{cost['floor_us']:.1f}) | " + " | ".join(f"{cost[f'{m}_us']:.1f}" for m in methods) + " |")
     for r in rows:
         lines.append(f"| kernel only, {r['shape']} {helpers.short_dtype(r['dtype'])}, µs | {r['ours_us']:.1f} | "
@@ -372,53 +369,6 @@ def write_headline(source: str | None = None) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# A LAUNCH_CONFIGS entry from a run's tuned configurations
-# ---------------------------------------------------------------------------------------------
-def _size_class_limit(size_class: int) -> int:
-    # the kernel cells' size class is n.bit_length() // 2: class s holds n < 2 ** (2 * s + 1)
-    return (1 << (2 * size_class + 1)) - 1
-
-
-def table_entry(path: Path) -> str:
-    """LAUNCH_CONFIGS entries (Python source) from a results file's `tuned_configs`, written by
-    the notebook as {str((gpu, capability, dtype, blocksize, size class)): LaunchConfig}. Size
-    classes tuned alike merge; where dtypes disagree, the most common configuration among fp16
-    and bf16 (the procedure's dtypes) is taken and a comment says so."""
-    results = json.loads(Path(path).read_text())
-    tuned = results.get("tuned_configs") or {}
-    if not tuned:
-        raise LookupError(f"{helpers.shown_path(path)} has no tuned_configs (a GPU with a measured entry tunes nothing)")
-    by_capability = collections.defaultdict(lambda: collections.defaultdict(list))
-    names = collections.defaultdict(set)
-    for key, config in tuned.items():
-        gpu, capability, dtype, blocksize, size_class = ast.literal_eval(re.sub(r"torch\.(\w+)", r"'\1'", key))
-        by_capability[tuple(capability)][size_class].append((dtype, blocksize, tuple(config)))
-        names[tuple(capability)].add(gpu)
-    lines = []
-    for capability, classes in sorted(by_capability.items()):
-        entries, notes = [], []
-        for size_class in sorted(classes):
-            tuned = classes[size_class]
-            procedure_dtypes = [c for d, _, c in tuned if d in ("float16", "bfloat16")]
-            counts = collections.Counter(procedure_dtypes or [c for _, _, c in tuned])
-            config = counts.most_common(1)[0][0]  # the procedure's dtypes decide; a tie, the first
-            if len({c for _, _, c in tuned}) > 1:
-                notes.append(f"    # size class {size_class}: tuned differently by dtype or blocksize ("
-                             + ", ".join(f"{d} bs{b}: {list(c)}" for d, b, c in classes[size_class])
-                             + f"); taking {list(config)}")
-            if entries and entries[-1][1] == config:
-                entries[-1] = (_size_class_limit(size_class), config)
-            else:
-                entries.append((_size_class_limit(size_class), config))
-        entries[-1] = (None, entries[-1][1])
-        source = ", ".join(f"({limit}, LaunchConfig({', '.join(map(repr, config))}))" for limit, config in entries)
-        lines += [f"    # {', '.join(sorted(names[capability]))}: tuned by the run of "
-                  f"{results['environment']['date']} ({helpers.shown_path(path)})", *notes,
-                  f"    {capability}: [{source}],"]
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------------
 def main(argv=None):
@@ -427,16 +377,12 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3, help="repeats of the published procedure")
     parser.add_argument("--headline", nargs="?", const="", metavar="RESULTS_DIR",
                         help="rewrite the README's and the notebook's headline tables from results")
-    parser.add_argument("--table-entry", metavar="RESULTS_JSON", help="print a LAUNCH_CONFIGS entry")
     parser.add_argument("--verify", metavar="RESULTS_JSON", help="re-measure a kernel table with the profiler")
     args = parser.parse_args(argv)
     try:
         if args.headline is not None:
             for path in write_headline(args.headline or None):
                 print("wrote", path)
-            return
-        if args.table_entry:
-            print(table_entry(Path(args.table_entry)))
             return
     except (LookupError, FileNotFoundError) as error:
         sys.exit(f"benchmark.py: {error}")

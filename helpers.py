@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
+import hashlib
 import importlib.metadata
 import importlib.util
 import itertools
@@ -48,12 +49,24 @@ MAX_LINE = 120  # Colab wraps longer lines: no printed line or table row is long
 
 
 # 1. Environment and device facts (the current CUDA device) ------------------------------------
+# unsloth's kernels may be installed without package metadata (the GPU machine carries them so): then its
+# version is named by the sha256 of kernels/nf4.py, checked against PyPI's wheels
+UNSLOTH_NF4_SHA256 = {"f4dd101d1dd86e46a1e096aea1ad19fb27d8e39233cfb99a61240ca495d44a52": "2026.10.9"}
+
+
 def _version(package: str) -> str:
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:  # copied in without metadata, or absent
-        version = getattr(sys.modules.get(package), "__version__", None)
-        return version or ("present, no metadata" if importlib.util.find_spec(package) else "not installed")
+        spec = importlib.util.find_spec(package)
+        if spec is None:
+            return "not installed"
+        if package == "unsloth" and spec.submodule_search_locations:
+            nf4 = Path(list(spec.submodule_search_locations)[0]) / "kernels" / "nf4.py"
+            if nf4.exists():
+                sha = hashlib.sha256(nf4.read_bytes()).hexdigest()
+                return f"{UNSLOTH_NF4_SHA256.get(sha, 'unknown')} (by kernels/nf4.py's sha256)"
+        return getattr(importlib.import_module(package), "__version__", None) or "present, no metadata"
 
 
 def environment() -> dict:
@@ -128,8 +141,11 @@ def speedup_points(ratio: float) -> int:
 
 
 def show(markdown: str, display_id: bool = False):
-    """Markdown rendered in a notebook, printed elsewhere. With display_id=True, returns the display's
-    handle for `.update` (None outside a notebook)."""
+    """Markdown rendered in a notebook, printed elsewhere; a paragraph line longer than MAX_LINE is
+    wrapped (table rows are not). With display_id=True, returns the display's handle for `.update`
+    (None outside a notebook)."""
+    markdown = "\n".join(line if line.startswith("|") or len(line) <= MAX_LINE else _wrap(line)
+                         for line in markdown.split("\n"))
     try:
         from IPython import get_ipython
         from IPython.display import Markdown, display
@@ -854,8 +870,8 @@ def compile_claim(report: dict) -> str:
             if r["weights_bit_identical"] and r["mlp_bit_identical_to_compiled_mlp_on_eager_weights"]
             and r["repeats_identical"] and not r["recompiled"]]
     emulated = [name for name in good if compiled[name]["mlp_bit_identical_to_eager_with_emulate_precision_casts"]]
-    parts = [f"{', '.join(good)}: fullgraph, no recompilation; weights bit-identical to eager"
-             + (f"; the MLP too with emulate_precision_casts ({', '.join(emulated)})" if emulated else "")] if good else []
+    also = f"; the MLP too with emulate_precision_casts ({', '.join(emulated)})" if emulated else ""
+    parts = [f"{', '.join(good)}: fullgraph, no recompilation; weights bit-identical to eager{also}"] if good else []
     parts += [f"{name}: compiled but NOT as claimed: {r}" for name, r in compiled.items() if name not in good]
     parts += [f"{name}: not compiled on this GPU ({report['gpu']}, compute capability {report['capability']}): "
               f"Inductor refused the graph ({r['reason']})"
@@ -882,7 +898,7 @@ def format_procedure(procedure: dict) -> str:
     its time over ours (and over ours with the fast launch off, where that ran)."""
     ours = [name for name in OURS if name in procedure]
     rows = [[_column(name), f"{r['median_s']:.4f}", f"{r['min_s']:.4f} - {r['max_s']:.4f}",
-             *("" if name == o else f"{r['median_s'] / procedure[o]['median_s']:.2f}x" for o in ours)]
+             *("" if name in OURS else f"{r['median_s'] / procedure[o]['median_s']:.2f}x" for o in ours)]
             for name, r in procedure.items()]
     runs = len(procedure["ours"].get("runs_s", [])) or 1
     return "\n\n".join([_wrap(f"The published procedure: {PROCEDURE_METHOD}, summed over its three cases; median "

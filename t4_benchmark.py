@@ -75,9 +75,6 @@ SHAPES = helpers.KERNEL_SHAPES
 # The copy kernel's sweep: (weights per program, warps, evict-first); its fastest is the ceiling.
 COPY_SWEEP = tuple((w, warps, evict) for w, warps in ((2048, 4), (4096, 4), (4096, 8), (8192, 4), (8192, 8),
                                                       (16384, 8)) for evict in (True, False))
-# unsloth's kernels may be installed without package metadata (the GPU machine carries them so):
-# then its version is named by the sha256 of kernels/nf4.py, checked against PyPI's wheels.
-UNSLOTH_NF4_SHA256 = {"f4dd101d1dd86e46a1e096aea1ad19fb27d8e39233cfb99a61240ca495d44a52": "2026.10.9"}
 CALLS, ROUNDS = 40, 7  # launches per timed round, rounds per measurement
 TITLE = "the T4's sm_75 instructions run on {gpu} through the driver's JIT: not a T4 time"
 METHOD = ("Each kernel compiled for sm_75 with the specialization and options Triton's JIT gives it, the PTX "
@@ -523,9 +520,7 @@ def run(candidates, out_dirs: Sequence[Path], name: str = "t4_code") -> dict:
     env = helpers.environment()
     if unsloth is not None:
         nf4_sha = hashlib.sha256(Path(unsloth.nf4.__file__).read_bytes()).hexdigest()
-        env["unsloth_nf4_sha256"] = nf4_sha
-        if env["unsloth"] == "not installed":  # importable, but without package metadata
-            env["unsloth"] = UNSLOTH_NF4_SHA256.get(nf4_sha, "unknown") + " (by kernels/nf4.py's sha256)"
+        env["unsloth_nf4_sha256"] = nf4_sha  # environment() names the version by it where metadata is missing
     configs = t4_configs(kernel, candidates)
     report = {
         "what": TITLE.format(gpu=env["gpu"]),

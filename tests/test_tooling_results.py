@@ -1,7 +1,6 @@
 """Result files and what is made from them without a GPU: results name their clocks and print relative
-paths; the README's and the notebook's headline tables are what the results files give; a tuning run
-gives back its LAUNCH_CONFIGS entry; committed outputs name no machine paths; the README's commands
-are what CI runs."""
+paths; the README's and the notebook's headline tables are what the results files give; committed
+outputs name no machine paths; the README's commands are what CI runs."""
 import json
 import re
 
@@ -93,34 +92,6 @@ def test_write_headline_needs_its_markers(tmp_path, monkeypatch):
     assert readme.read_text() == "# no markers here\n"
     with pytest.raises(LookupError, match="not a results directory of this repository"):
         benchmark.write_headline(_results_dir(tmp_path, with_split=True))
-
-
-# ---------------------------------------------------------------------------------------------
-# A LAUNCH_CONFIGS entry from a tuning run
-# ---------------------------------------------------------------------------------------------
-def test_table_entry_gives_back_what_was_tuned(tmp_path, kernel, monkeypatch):
-    LaunchConfig = kernel.LaunchConfig
-    tuned = {("Tesla T4", (7, 5), torch.float16, 64, 11): LaunchConfig(2048, 4, 1, True),
-             ("Tesla T4", (7, 5), torch.bfloat16, 64, 11): LaunchConfig(2048, 4, 1, True),
-             ("Tesla T4", (7, 5), torch.float16, 64, 12): LaunchConfig(2048, 4, 1, True),
-             ("Tesla T4", (7, 5), torch.bfloat16, 64, 13): LaunchConfig(4096, 8, 0, True),
-             ("Tesla T4", (7, 5), torch.float32, 64, 13): LaunchConfig(2048, 4, 0, True),
-             ("Tesla T4", (7, 5), torch.bfloat16, 64, 14): LaunchConfig(4096, 8, 0, True)}
-    path = tmp_path / "notebook.json"
-    helpers.write_results(path, {"gpu": "Tesla T4", "date": "today"},
-                          tuned_configs={str(key): config for key, config in tuned.items()})
-    entry = benchmark.table_entry(path)
-    assert "# Tesla T4" in entry and "size class 13" in entry  # float32 disagreed there
-    table = eval("{" + entry + "}", {"LaunchConfig": LaunchConfig})
-    monkeypatch.setattr(kernel, "LAUNCH_CONFIGS", table)
-    Layout = type("Layout", (), {})
-    for (gpu, capability, dtype, blocksize, size_class), config in tuned.items():
-        if dtype == torch.float32:
-            continue
-        for n in (2 ** (2 * size_class - 1), 2 ** (2 * size_class + 1) - 1):  # the class's two ends
-            layout = Layout()
-            layout.shape = (n,)
-            assert (n.bit_length() // 2, kernel.launch_config(layout, capability)) == (size_class, config)
 
 
 # ---------------------------------------------------------------------------------------------
