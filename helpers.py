@@ -991,9 +991,9 @@ def _bars(ax, groups: int, series: Sequence[tuple[str, list[float]]], fmt: str) 
     for i, (label, values) in enumerate(series):
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(groups)]
         ax.bar(xs, values, width, label=label, hatch="//" if label.endswith("no fast launch") else None)
-        for x, value in zip(xs, values):
+        for x, value in zip(xs, values):  # upright where three or more bars share a group: no label touches another
             ax.annotate(fmt % value, (x, 0), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom",
-                        fontsize=7, color="white", fontweight="bold")
+                        fontsize=7, color="white", fontweight="bold", rotation=90 if len(series) > 2 else 0)
     return max((v for _, values in series for v in values), default=1.0)
 
 

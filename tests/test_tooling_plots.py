@@ -1,12 +1,15 @@
 """The plots on synthetic results: what each bar claims adds up, one series per distinct kernel, the
 1.15x target drawn, no label collides with another or with a reference line, and every title names
 the GPU and the versions."""
+import json
+
 import matplotlib
 import pytest
 
 matplotlib.use("Agg")
 
 import helpers  # noqa: E402
+from conftest import ROOT  # noqa: E402
 from tooling_data import METHODS, kernel_rows, procedure  # noqa: E402
 
 ENV = {"gpu": "Synthetic GPU", "torch": "2.11.0", "triton": "3.6.0", "bitsandbytes": "0.50.2", "unsloth": "2026.10.9",
@@ -50,6 +53,16 @@ def _labels_clear_of_lines(fig):
                     f"the label {text.get_text()} sits on a line at {y:.0f} px")
 
 
+def _labels_apart(fig):
+    """No two value labels overlap (4-digit GB/s labels on three bars a group collided once)."""
+    renderer = _renderer(fig)
+    for ax in fig.axes:
+        boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in ax.texts if t.get_text()]
+        for i, (text, box) in enumerate(boxes):
+            for other, other_box in boxes[i + 1:]:
+                assert not box.overlaps(other_box), f"the labels {text} and {other} overlap"
+
+
 def _labels(ax):
     return ax.get_legend_handles_labels()[1]
 
@@ -72,6 +85,7 @@ def test_kernel_speedup_plot_has_one_series_per_kernel_and_the_target(tmp_path):
     assert sorted(t.get_text() for t in ax.texts) == sorted(f"{h:.2f}x" for h in heights)
     _labels_clear_of_lines(fig)
     _legend_covers_no_text(fig)
+    _labels_apart(fig)
     assert (tmp_path / "s.png").stat().st_size > 1000
 
 
@@ -87,6 +101,7 @@ def test_bandwidth_plot_draws_the_ceiling_as_a_reference_clear_of_the_labels(tmp
     assert [s[0][1] for s in ceilings[0].get_segments()] == [r["ceiling_gbs"] for r in rows]
     _labels_clear_of_lines(fig)
     _legend_covers_no_text(fig)
+    _labels_apart(fig)
 
 
 @pytest.mark.parametrize("no_fast_launch", [False, True])
@@ -124,3 +139,14 @@ def test_time_split_bars_end_at_the_wall_clock(tmp_path):
     assert any(r["rest_us"] < 0 for r in rows)  # the synthetic data has overlap to draw
     _legend_covers_no_text(fig)
     assert (tmp_path / "t.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("results", sorted((ROOT / "results").glob("*/notebook.json")), ids=lambda p: p.parent.name)
+def test_plots_of_the_committed_results_keep_their_labels_apart(tmp_path, results):
+    # four weights, three kernels, four-digit GB/s: the figure a reviewer sees
+    data = json.loads(results.read_text())
+    rows, methods = data["kernel"], [m for m in helpers.METHODS if f"{m}_gbs" in data["kernel"][0]]
+    for fig in (helpers.plot_bandwidth(rows, methods, data["environment"], data.get("device_copy_gbs")),
+                helpers.plot_kernel_speedups(rows, [m for m in methods if m != "ours"], data["environment"])):
+        _labels_apart(fig)
+        _labels_clear_of_lines(fig)
