@@ -30,13 +30,10 @@ import triton
 
 import helpers
 import t4_benchmark as t4
+from reference import bits
 
 pytestmark = pytest.mark.gpu
 T4 = t4.T4
-
-
-def _bits(t):
-    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,11 +128,11 @@ def _reference(layout, W, qs):
     return reference
 
 
-def _other_bits(out, reference):
+def _otherbits(out, reference):
     """(values whose bits differ, of which zeros of the other sign): bitsandbytes' CUDA FP4 decoder
     returns 0.0f * absmax * sign, -0.0 for code 0b1000, where its codebook (get_4bit_type('fp4'),
     which the kernel reads) holds +0.0: equal values, another sign bit."""
-    differ = _bits(out) != _bits(reference)
+    differ = bits(out) != bits(reference)
     zeros = differ & (out == 0) & (reference == 0)
     return int(differ.sum()), int(zeros.sum())
 
@@ -147,8 +144,8 @@ def test_sm75_build_matches_bitsandbytes_on_silicon(kernel, case):
     reference = _reference(layout, W, qs)
     for config in t4_configs(kernel):
         out75, out_jit, facts = sm75_run(kernel, layout, config)
-        assert torch.equal(_bits(out75), _bits(out_jit)), f"{case} {config}: the sm_75 and sm_xx builds differ"
-        differ, zeros = _other_bits(out75, reference)
+        assert torch.equal(bits(out75), bits(out_jit)), f"{case} {config}: the sm_75 and sm_xx builds differ"
+        differ, zeros = _otherbits(out75, reference)
         print(f"{case:>34} {tuple(config)}: sm_75 PTX ({facts['ptx_bytes']} bytes) JIT-compiled by the driver: "
               f"{facts['registers']} registers, {facts['spills']} spilled, {facts['shared_bytes']} B shared, "
               f"{facts['num_warps']} warps; values with other bits than bitsandbytes: {differ}"
@@ -215,11 +212,11 @@ SPECIAL = {
 def _describe_values(t):
     """What a tensor holds: how many finite values (of them subnormal, -0.0), infinities and NaNs,
     and the NaNs' bit patterns."""
-    bits = _bits(t).reshape(-1)
+    raw = bits(t).reshape(-1)
     flat, wide = t.reshape(-1), t.reshape(-1).float()
     nan = torch.isnan(wide)
     patterns = sorted({f"0x{v & (0xFFFF if t.element_size() == 2 else 0xFFFFFFFF):0{2 * t.element_size()}x}"
-                       for v in bits[nan].unique().tolist()})
+                       for v in raw[nan].unique().tolist()})
     subnormal = (flat != 0) & (flat.abs() < torch.finfo(t.dtype).tiny)
     negative_zero = (flat == 0) & torch.signbit(flat)
     return (f"finite {int(torch.isfinite(wide).sum())} (subnormal {int(subnormal.sum())}, -0.0 "
@@ -238,7 +235,7 @@ def _special_configs(kernel):
     return configs
 
 
-def _compare_bits(kernel, W, qs, label, allowed=None):
+def _comparebits(kernel, W, qs, label, allowed=None):
     """Per configuration (config, values whose bits differ from bitsandbytes' in the sm_75 build,
     in the JIT build); `allowed(out, reference)` marks differences not to count."""
     layout = kernel.nf4_layout(W, qs)
@@ -249,7 +246,7 @@ def _compare_bits(kernel, W, qs, label, allowed=None):
         out75, out_jit, facts = sm75_run(kernel, layout, config)
         counts = []
         for out in (out75, out_jit):
-            differ = _bits(out) != _bits(reference)
+            differ = bits(out) != bits(reference)
             counts.append((int(differ.sum()), int((differ & allowed(out, reference)).sum()) if allowed else 0))
         print(f"    {tuple(config)}: sm_75 build {_describe_values(out75)}; values with other bits: sm_75 "
               f"{counts[0][0]}, sm_{facts['jit_target']} {counts[1][0]}"
@@ -260,9 +257,9 @@ def _compare_bits(kernel, W, qs, label, allowed=None):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
 @pytest.mark.parametrize("case", list(SPECIAL))
-def test_nan_and_infinite_scales_give_bitsandbytes_bits(kernel, case, dtype):
+def test_nan_and_infinite_scales_give_bitsandbytesbits(kernel, case, dtype):
     W, qs = SPECIAL[case](dtype)
-    for config, differ75, differ_jit in _compare_bits(kernel, W, qs, f"{case} {helpers.short_dtype(dtype)}"):
+    for config, differ75, differ_jit in _comparebits(kernel, W, qs, f"{case} {helpers.short_dtype(dtype)}"):
         assert differ75 == 0, f"{case} {config}: the sm_75 build gives other bits in {differ75} values"
         assert differ_jit == 0, f"{case} {config}: the JIT build gives other bits in {differ_jit} values"
 
@@ -282,7 +279,7 @@ def test_subnormal_scales_differ_only_where_bitsandbytes_flushes_them(kernel, dt
     up to bf16) 2**-126, and nothing else differs (what an emulation of both on the CPU predicts).
     Printed: how many values that is."""
     W, qs = _with_absmax2(dtype, SUBNORMAL_ABSMAX2, zero_offset=True)
-    results = _compare_bits(kernel, W, qs, f"subnormal absmax2, offset 0, {helpers.short_dtype(dtype)}",
+    results = _comparebits(kernel, W, qs, f"subnormal absmax2, offset 0, {helpers.short_dtype(dtype)}",
                             allowed=_flushed_by_bitsandbytes)
     for config, other75, other_jit in results:
         assert other75 == 0, f"{config}: {other75} values differ from bitsandbytes beyond its flushing"
@@ -347,7 +344,7 @@ def test_a_t4_launches_its_table_entry_once_per_call(kernel, as_capability):
     # Triton's launch, and for a compiled kernel not seen before one check of the fast launch against
     # it; nothing tuned: every launch has one grid and block
     assert 1 <= len(ours) <= 2 and len(set(ours)) == 1, f"the first call ran our kernel as {ours}"
-    assert torch.equal(_bits(first[0]), _bits(reference))
+    assert torch.equal(bits(first[0]), bits(reference))
 
     for _ in range(3):
         kernel.triton_dequantize_nf4(layer)
@@ -362,7 +359,7 @@ def test_a_t4_launches_its_table_entry_once_per_call(kernel, as_capability):
     assert len(launched) == 5 and all("_dequantize_4bit_kernel" in name for name, _, _ in launched), launched
     assert all(grid is not None and block is not None for _, grid, block in launched), \
         "the profiler's trace gives no grid or block for the kernels"
-    assert torch.equal(_bits(out), _bits(reference))
+    assert torch.equal(bits(out), bits(reference))
     grids = {(tuple(grid), tuple(block)) for _, grid, block in launched} | set(ours)
     assert len(grids) == 1, f"the calls launched different grids or blocks: {grids}"
     (grid, block), = grids
