@@ -66,7 +66,10 @@ def _version(package: str) -> str:
             if nf4.exists():
                 sha = hashlib.sha256(nf4.read_bytes()).hexdigest()
                 return f"{UNSLOTH_NF4_SHA256.get(sha, 'unknown')} (by kernels/nf4.py's sha256)"
-        return getattr(importlib.import_module(package), "__version__", None) or "present, no metadata"
+        try:  # a package whose import raises is reported, never raised: it must not stop Run all
+            return getattr(importlib.import_module(package), "__version__", None) or "present, no metadata"
+        except Exception as error:
+            return f"present, no metadata; importing it raised {_first_line(error)}"
 
 
 def environment() -> dict:

@@ -39,8 +39,9 @@ import triton
 import triton.language as tl
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import helpers  # noqa: E402
+from kernel_cells import PASTE_UNIT, kernel_cell_sources, load_kernel_cells  # noqa: E402  (tests/)
 
 T4 = (7, 5)          # the T4's compute capability
 T4_ARCH = 75
@@ -87,28 +88,14 @@ METHOD = ("Each kernel compiled for sm_75 with the specialization and options Tr
           "bit with bitsandbytes.functional.dequantize_4bit afterwards.")
 
 
-def _kernel_cells():
-    """tests/kernel_cells.py as a module, or None in a checkout from before it (helpers had the loader)."""
-    tests = str(ROOT / "tests")
-    if tests not in sys.path:
-        sys.path.insert(0, tests)
-    try:
-        import kernel_cells
-    except ImportError:
-        return None
-    return kernel_cells
-
-
 def load_kernel():
     """The notebook's kernel cells as a module, as the tests load them."""
-    cells = _kernel_cells()
-    return cells.load_kernel_cells() if cells else helpers.load_kernel_cells()
+    return load_kernel_cells()
 
 
 def kernel_sources() -> list[str]:
     """The sources of the cells tagged `kernel` (for a hash of what was measured)."""
-    cells = _kernel_cells()
-    return cells.kernel_cell_sources(tags=("kernel",)) if cells else helpers.kernel_cell_sources()
+    return kernel_cell_sources(tags=PASTE_UNIT)
 
 
 def t4_configs(kernel, candidates=T4_CANDIDATES) -> list:

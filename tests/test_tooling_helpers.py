@@ -355,3 +355,13 @@ def test_formatted_tables_show_every_method_and_fit():
     assert "| against | saved | kernel | launch path |" in texts["split"]
     assert "| floor: torch.empty + compiled launch | 14.00 |" in texts["cost"]
     assert helpers.format_time_split({"ours": {"median_s": 1.0}}) == ""
+
+
+def test_a_package_whose_import_raises_is_reported_in_the_environment(tmp_path, monkeypatch):
+    # a package copied in without metadata, whose import fails: environment() names it, Run all goes on
+    (tmp_path / "nf4_broken_pkg").mkdir()
+    (tmp_path / "nf4_broken_pkg" / "__init__.py").write_text("raise RuntimeError('no GPU driver found')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert helpers._version("nf4_broken_pkg") == (
+        "present, no metadata; importing it raised RuntimeError: no GPU driver found")
+    assert helpers._version("nf4_no_such_pkg") == "not installed"
