@@ -6,6 +6,9 @@ bitsandbytes on the GPU this runs on; print the tables and write results/<gpu>/b
     python benchmark.py --sweep      # also time every configuration in SWEEP: results/<gpu>/sweep.json
     python benchmark.py --verify results/<gpu>/notebook.json
                                      # re-measure that file's kernel table with the profiler
+    python benchmark.py --host-cost OLD.ipynb
+                                     # host time per call of these cells, of OLD's and of the floor,
+                                     # interleaved: results/<gpu>/host_cost.json
     python benchmark.py --headline [results/<gpu>]
                                      # rewrite the README's and the notebook's headline tables
 
@@ -174,6 +177,49 @@ def verify(path: Path, methods: dict) -> bool:
 # ---------------------------------------------------------------------------------------------
 # The headline tables of the README and the notebook, from a results directory
 # ---------------------------------------------------------------------------------------------
+HOST_COST_FLOOR = ("torch.empty of the output plus Triton's C launcher called with the arguments Triton passed it, "
+                   "nothing checked (the fast launch's recorded replay, allocating with torch.empty)")
+
+
+def _floor(replay):
+    """HOST_COST_FLOOR, built from what the fast launch's replay recorded: its body with torch.empty."""
+    recorded = dict(zip(replay.__code__.co_freevars, (cell.cell_contents for cell in replay.__closure__)))
+    real, head, lead, before, after, packed, index, size, dtype, device = (recorded[name] for name in (
+        "real", "head", "lead", "before", "after", "packed", "index", "size", "dtype", "device"))
+    stream = torch._C._cuda_getCurrentRawStream
+
+    def floor():
+        new = torch.empty(size, dtype=dtype, device=device)
+        args = (*before, new.data_ptr(), *after)
+        real(*head, stream(index), *lead, args) if packed else real(*head, stream(index), *args)
+        return new
+    return floor
+
+
+def host_cost(old_notebook: Path, rounds: int = 9, calls: int = 1000) -> dict:
+    """Host time per call (helpers.HOST_TIME_METHOD) of triton_dequantize_nf4 from these cells and from
+    `old_notebook`'s, of the floor (HOST_COST_FLOOR) and of the replay alone (the floor allocating with
+    torch.empty_strided, as the replay does), in `rounds` interleaved rounds of `calls`; the median of the
+    round medians, on the procedure's first weight."""
+    new, old = load_kernel_cells(), load_kernel_cells(old_notebook, name="nf4_old_cells")
+    layer = helpers.make_layer(*helpers.KERNEL_SHAPES[0])
+    for cells in (new, old):
+        assert torch.equal(cells.triton_dequantize_nf4(layer), cells.triton_dequantize_nf4(layer))
+    replay = new._plans[id(layer.weight.quant_state)][1]  # the plan the calls above learned
+    timed = {"new": lambda: new.triton_dequantize_nf4(layer), "old": lambda: old.triton_dequantize_nf4(layer),
+             "floor": _floor(replay), "replay": replay}
+    assert all(torch.equal(fn(), timed["old"]()) for fn in timed.values())
+    samples = {name: [] for name in timed}
+    for _ in range(rounds):
+        for name, fn in timed.items():
+            samples[name].append(helpers.host_time(fn, calls=calls).median_us)
+    medians = {name: sorted(values)[rounds // 2] for name, values in samples.items()}
+    return {"layer": str(helpers.KERNEL_SHAPES[0]), "method": helpers.HOST_TIME_METHOD, "floor": HOST_COST_FLOOR,
+            "old_notebook": str(old_notebook), "rounds_us": samples, "median_us": medians,
+            "new_over_floor": medians["new"] / medians["floor"], "old_over_floor": medians["old"] / medians["floor"],
+            "new_over_replay": medians["new"] / medians["replay"]}
+
+
 def _ratio(base: float, ours: float, bold: bool = False) -> str:
     text = f"{base / ours:.2f}x"
     return f"**{text}**" if bold else text
@@ -378,6 +424,8 @@ def main(argv=None):
     parser.add_argument("--headline", nargs="?", const="", metavar="RESULTS_DIR",
                         help="rewrite the README's and the notebook's headline tables from results")
     parser.add_argument("--verify", metavar="RESULTS_JSON", help="re-measure a kernel table with the profiler")
+    parser.add_argument("--host-cost", metavar="OLD_NOTEBOOK", type=Path,
+                        help="host time per call of these kernel cells, of OLD_NOTEBOOK's and of the floor")
     args = parser.parse_args(argv)
     try:
         if args.headline is not None:
@@ -389,6 +437,13 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("benchmark.py needs a CUDA GPU (the notebook runs without one, in CPU mode)")
 
+    if args.host_cost:
+        env, table = helpers.environment(), host_cost(args.host_cost)
+        print({name: round(us, 2) for name, us in table["median_us"].items()},
+              f"new/floor {table['new_over_floor']:.3f}, old/floor {table['old_over_floor']:.3f}, "
+              f"new/replay {table['new_over_replay']:.3f}")
+        print("wrote", helpers.write_results(helpers.results_dir(env) / "host_cost.json", env, host_cost=table))
+        return
     kernel = load_kernel_cells()
     methods, skipped = helpers.dequantizers(kernel.triton_dequantize_nf4)
     layers = [helpers.make_layer(*shape) for shape in helpers.KERNEL_SHAPES[:2]]
