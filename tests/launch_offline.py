@@ -1,7 +1,8 @@
 """The fast-launch cell against the installed Triton's own launcher, without a GPU (offline_gpu.py):
 for a nested and a plain layout, Triton's launch, then the plan learned from it and one fast call;
 a launch hook set before the first call (nothing is learned) and after it (the fast call steps
-aside, so that Triton's launch calls the hook). Prints one JSON line. Run in its own process."""
+aside, so that Triton's launch calls the hook); a QuantState field deleted after it (it steps aside
+too). Prints one JSON line. Run in its own process."""
 import json
 import sys
 from pathlib import Path
@@ -40,6 +41,11 @@ def case(kernel, W, q, hook_before=False):
             result["fast_matches_triton"] = torch.equal(bits(fast), bits(out))
             offline_gpu.set_launch_hook(lambda *a: hook_calls.append(a))  # a profiler starts
             result["fast_with_a_hook_set_later"] = kernel.fast_launch(W, q) is not None
+            offline_gpu.set_launch_hook(None)
+            code = q.code
+            del q.code  # Triton's path names the missing field: the fast launch steps aside, raising nothing
+            result["fast_with_a_field_deleted"] = kernel.fast_launch(W, q) is not None
+            q.code = code
         result["problems"] = fake.problems
         return result
     finally:

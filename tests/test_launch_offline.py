@@ -30,6 +30,11 @@ def test_a_hook_set_after_the_first_call_is_honoured(report, layout):
     assert report[layout]["fast_with_a_hook_set_later"] is False
 
 
+@pytest.mark.parametrize("layout", ["nested", "plain"])
+def test_a_field_deleted_after_the_first_call_is_left_to_triton(report, layout):
+    assert report[layout]["fast_with_a_field_deleted"] is False
+
+
 def test_nothing_is_learned_while_a_launch_hook_is_set(report):
     case = report["with_launch_hook"]
     assert not case["fast"] and case["problems"] == []
