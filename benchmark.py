@@ -215,7 +215,7 @@ def host_cost(old_notebook: Path, rounds: int = 9, calls: int = 1000) -> dict:
             samples[name].append(helpers.host_time(fn, calls=calls).median_us)
     medians = {name: sorted(values)[rounds // 2] for name, values in samples.items()}
     return {"layer": str(helpers.KERNEL_SHAPES[0]), "method": helpers.HOST_TIME_METHOD, "floor": HOST_COST_FLOOR,
-            "old_notebook": str(old_notebook), "rounds_us": samples, "median_us": medians,
+            "old_notebook": Path(old_notebook).name, "rounds_us": samples, "median_us": medians,
             "new_over_floor": medians["new"] / medians["floor"], "old_over_floor": medians["old"] / medians["floor"],
             "new_over_replay": medians["new"] / medians["replay"]}
 
@@ -356,7 +356,7 @@ def _benchmark_paragraph(source: str) -> list[str]:
         what = ("host time to issue one call (GPU idle before it)" if "measurement" in results
                 else "CPU cost of one call (calls issued back to back)")
         text += (f"; {what}: {calls}, against {cost['floor_us']:.2f} µs for `torch.empty` "
-                 "plus a direct launch of an empty compiled kernel")
+                 "plus a launch of an empty compiled kernel through Triton's compiled-kernel launcher")
         if "triton_launch_us" in cost:
             text += f" ({cost['triton_launch_us']:.2f} µs for a standard Triton launch)"
     text += f". Kernel rows there: {_kernel_method(results)}. Kernel ratios are baseline time / ours."
@@ -365,6 +365,16 @@ def _benchmark_paragraph(source: str) -> list[str]:
     if sweep_results is not None:
         lines += ["", f"The launch-configuration sweep behind `LAUNCH_CONFIGS` is `{source}/sweep.json` "
                       f"({sweep_results['environment']['date']})."]
+    host = _load(source, "host_cost.json")
+    if host is not None:
+        table, when = host["host_cost"], host["environment"]["date"]
+        us = table["median_us"]
+        lines += ["", f"The fast launch's host time per call (`python benchmark.py --host-cost`, `{source}/host_cost.json`, "
+                      f"{when}; GPU idle before each call): ours {us['new']:.2f} µs against {us['floor']:.2f} µs for "
+                      f"`torch.empty` plus Triton's C launcher called with the arguments Triton passed, nothing checked "
+                      f"({table['new_over_floor']:.2f}x; the cells of `{Path(table['old_notebook']).name}` "
+                      f"{table['old_over_floor']:.2f}x). The replay alone, allocating with `torch.empty_strided`, "
+                      f"takes {us['replay']:.2f} µs: the per-call checks cost ours {table['new_over_replay']:.2f}x that."]
     return lines
 
 
