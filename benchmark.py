@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 import helpers
+import report
 
 sys.path.insert(0, str(helpers.ROOT / "tests"))
 from kernel_cells import NOTEBOOK, load_kernel_cells  # noqa: E402  (tests/: the notebook's kernel cells)
@@ -140,7 +141,7 @@ def graph_cross_check(rows: list[dict], methods: dict) -> None:
 def format_graph_check(rows: list[dict], methods: list[str]) -> str:
     """graph_cross_check's times as markdown, a column per method and the copy ceiling."""
     cell = lambda r, n: "no capture" if r[f"{n}_graph_us"] is None else f"{r[f'{n}_graph_us']:.2f}"
-    table = helpers.markdown_table(
+    table = report.markdown_table(
         ["weight", *(helpers.METHODS[n].column for n in methods), "copy ceiling"],
         [[f"{r['shape']} {helpers.short_dtype(r['dtype'])}", *(cell(r, n) for n in [*methods, "ceiling"])]
          for r in rows])
@@ -480,12 +481,12 @@ def main(argv=None):
     reference = methods.get("unsloth_fused", methods["bnb"])
     tables["procedure"] = helpers.procedure_table(methods, reference, repeats=args.repeats)
 
-    print(helpers.format_kernel_table(tables["kernel"], list(methods)))
+    print(report.format_kernel_table(tables["kernel"], list(methods)))
     print(format_graph_check(tables["kernel"], list(methods)))
     print(f"device-to-device copy: {tables['device_copy_gbs']:.0f} GB/s; peak {env['peak_bandwidth_gbs']} GB/s")
-    print(helpers.format_cpu_cost(tables["cpu_cost"], list(methods)))
-    print(helpers.format_procedure(tables["procedure"]))
-    print(helpers.format_time_split(tables["procedure"]))
+    print(report.format_cpu_cost(tables["cpu_cost"], list(methods)))
+    print(report.format_procedure(tables["procedure"]))
+    print(report.format_time_split(tables["procedure"]))
     name = "sweep.json" if args.sweep else "benchmark.json"
     print("wrote", helpers.write_results(helpers.results_dir(env) / name, env, **tables))
 

@@ -1,4 +1,4 @@
-"""The notebook on its own: opened alone (what the Colab badge opens) it fetches helpers.py and runs
+"""The notebook on its own: opened alone (what the Colab badge opens) it fetches helpers.py and report.py and runs
 top to bottom without a GPU (the interpreter), its exactness checks passing; its kernel cells stand
 alone; its metadata asks Colab for a T4. The install cell alone: tests/test_tooling_install_cell.py."""
 import json
@@ -22,11 +22,12 @@ def _text(cell):
 
 @pytest.mark.skipif(GPU, reason="the CPU run of the notebook; on a GPU it runs in full elsewhere")
 def test_notebook_runs_alone_on_cpu(tmp_path, monkeypatch):
-    # a directory holding only the notebook; helpers.py served from elsewhere, as once published
+    # a directory holding only the notebook; helpers.py and report.py served from elsewhere, as once published
     alone, served = tmp_path / "alone", tmp_path / "served"
     alone.mkdir(), served.mkdir()
     shutil.copy(NOTEBOOK, alone)
-    shutil.copy(ROOT / "helpers.py", served)
+    for name in ("helpers.py", "report.py"):
+        shutil.copy(ROOT / name, served)
     monkeypatch.setenv("NF4_HELPERS_URL", (served / "helpers.py").as_uri())
     notebook = nbformat.read(alone / NOTEBOOK.name, as_version=4)
     NotebookClient(notebook, timeout=900, kernel_name="python3",
@@ -34,8 +35,9 @@ def test_notebook_runs_alone_on_cpu(tmp_path, monkeypatch):
 
     install = next(c for c in notebook.cells if c.source.startswith("# @title Install"))
     assert _text(install).splitlines()[0].startswith("local Jupyter (no GPU): nothing to install (torch ")
-    assert _text(install).splitlines()[0].endswith("; fetched helpers.py")
-    assert (alone / "helpers.py").read_bytes() == (ROOT / "helpers.py").read_bytes()
+    assert _text(install).splitlines()[0].endswith("; fetched helpers.py and report.py")
+    for name in ("helpers.py", "report.py"):
+        assert (alone / name).read_bytes() == (ROOT / name).read_bytes()
     text = "\n".join(_text(c) for c in notebook.cells if c.cell_type == "code")
     assert "ALL EXACT" in text and "DIFFERENT" not in text
     assert "No GPU: kernels run in Triton's interpreter" in text
@@ -82,7 +84,7 @@ def _lines_shown(cell):
 def test_a_reviewer_reads_the_score_first_and_the_evidence_in_an_appendix():
     cells = json.loads(NOTEBOOK.read_text())["cells"]
     sources = ["".join(c["source"]) for c in cells]
-    card = next(i for i, s in enumerate(sources) if "helpers.ScoreCard(" in s)
+    card = next(i for i, s in enumerate(sources) if "report.ScoreCard(" in s)
     first_kernel = next(i for i, c in enumerate(cells) if "kernel" in c.get("metadata", {}).get("tags", []))
     assert card < first_kernel, "the score card comes before the kernel cells"
     appendix = next(i for i, s in enumerate(sources) if s.startswith("## Appendix"))

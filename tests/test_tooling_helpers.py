@@ -1,6 +1,6 @@
-"""helpers.py without a GPU: device facts and names, no hidden state, the baselines (a missing, failing
-or differing one is reported, never raised), the torch.compile claim, the score card and run clock,
-and the markdown tables (no line over MAX_LINE)."""
+"""helpers.py and report.py without a GPU: their size, device facts and names, no hidden state, the
+baselines (a missing, failing or differing one is reported, never raised), the torch.compile claim,
+the score card and run clock, and the markdown tables (no line over MAX_LINE)."""
 import logging
 import random
 import sys
@@ -12,7 +12,17 @@ import torch
 
 import benchmark
 import helpers
+import report
 from tooling_data import METHODS, kernel_rows, procedure
+
+HELPERS_LINES = 800  # issue 18: what a reviewer reads to see how a number was made
+
+
+def test_helpers_stays_small_and_measures_while_report_shows():
+    lines = len((helpers.ROOT / "helpers.py").read_text().splitlines())
+    assert lines <= HELPERS_LINES, f"helpers.py is {lines} lines"
+    assert "import report" not in (helpers.ROOT / "helpers.py").read_text(), "helpers.py must not need report.py"
+
 
 # ---------------------------------------------------------------------------------------------
 # Small facts and names
@@ -249,7 +259,7 @@ def test_compile_claim_says_only_what_the_report_shows():
 def test_compile_report_table_shows_each_check_and_the_refusal():
     t4 = {"gpu": "Tesla T4", "capability": "7.5", "bf16_native": False,
           "dtypes": {"torch.float16": _compiled(), "torch.bfloat16": REFUSED}}
-    text = helpers.format_compile_report(t4)
+    text = report.format_compile_report(t4)
     assert "| check | float16 | bfloat16 |" in text and "native bf16 for Inductor: no" in text
     assert "| compiled (fullgraph) | yes | no: Inductor refused, SkipFrame: BF16 is not supported |" in text
     assert "| recompiled | no |  |" in text and "| mlp_max_abs_diff_to_eager | 0.004 |  |" in text
@@ -266,12 +276,12 @@ ENV = {"gpu": "Tesla T4", "torch": "2.11.0", "triton": "3.6.0", "bitsandbytes": 
 @pytest.mark.parametrize("ratio, points", [(0.90, -3), (1.00, -3), (1.04, 0), (1.05, 1), (1.0999, 1),
                                            (1.10, 3), (1.149, 3), (1.15, 5), (2.13, 5)])
 def test_speedup_points_follow_the_marking(ratio, points):
-    assert helpers.speedup_points(ratio) == points
+    assert report.speedup_points(ratio) == points
 
 
 def test_score_card_adds_up_and_fits(capsys):
-    card = helpers.ScoreCard(ENV, "unsloth_fused")
-    assert helpers.MAX_SCORE == 14
+    card = report.ScoreCard(ENV, "unsloth_fused")
+    assert report.MAX_SCORE == 14
     card.show()  # no notebook here: printed
     first = " ".join(capsys.readouterr().out.split())  # the subtitle wraps at MAX_LINE
     assert "**Score card, this run: 0 / 14**" in first and "not measured yet" in first
@@ -302,8 +312,8 @@ def test_score_card_updates_its_notebook_displays(monkeypatch):
         def update(self, markdown):
             shown.append(markdown.data)
 
-    monkeypatch.setattr(helpers, "show", lambda markdown, display_id=False: Handle())
-    card = helpers.ScoreCard(ENV, "bnb")
+    monkeypatch.setattr(report, "show", lambda markdown, display_id=False: Handle())
+    card = report.ScoreCard(ENV, "bnb")
     card.show()
     card.set("asm", 3, "inline PTX mul.rn / add.rn")
     card.lap("Correctness")
@@ -312,8 +322,8 @@ def test_score_card_updates_its_notebook_displays(monkeypatch):
 
 def test_run_clock_laps(capsys, monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(helpers.time, "monotonic", lambda: now[0])
-    clock = helpers.RunClock()
+    monkeypatch.setattr(report.time, "monotonic", lambda: now[0])
+    clock = report.RunClock()
     now[0] = 112.34
     clock.lap("Correctness")
     now[0] = 160.0
@@ -327,7 +337,7 @@ def test_run_clock_laps(capsys, monkeypatch):
 # Tables: markdown, every method shown, no line over MAX_LINE
 # ---------------------------------------------------------------------------------------------
 def test_markdown_table_escapes_and_aligns():
-    assert helpers.markdown_table(["a", "b"], [["x|y", 1.5]]) == "| a | b |\n|:--|--:|\n| x\\|y | 1.5 |"
+    assert report.markdown_table(["a", "b"], [["x|y", 1.5]]) == "| a | b |\n|:--|--:|\n| x\\|y | 1.5 |"
 
 
 def test_formatted_tables_show_every_method_and_fit():
@@ -335,8 +345,8 @@ def test_formatted_tables_show_every_method_and_fit():
     cost = {f"{m}_{k}": 10.0 + i for i, m in enumerate([*METHODS, "floor", "empty", "triton_launch"])
             for k in ("us", "p20_us", "p80_us")}
     cost["layer"] = "8192x2048 float16"
-    texts = {"kernel": helpers.format_kernel_table(rows, METHODS), "procedure": helpers.format_procedure(result),
-             "split": helpers.format_time_split(result), "cost": helpers.format_cpu_cost(cost, METHODS),
+    texts = {"kernel": report.format_kernel_table(rows, METHODS), "procedure": report.format_procedure(result),
+             "split": report.format_time_split(result), "cost": report.format_cpu_cost(cost, METHODS),
              "graph": benchmark.format_graph_check(rows, METHODS)}
     for name, text in texts.items():
         assert max(map(len, text.splitlines())) <= helpers.MAX_LINE, name
@@ -354,7 +364,7 @@ def test_formatted_tables_show_every_method_and_fit():
     assert texts["split"].count("| unsloth classic |") == 3  # two cases, one saving
     assert "| against | saved | kernel | launch path |" in texts["split"]
     assert "| floor: torch.empty + compiled launch | 14.00 |" in texts["cost"]
-    assert helpers.format_time_split({"ours": {"median_s": 1.0}}) == ""
+    assert report.format_time_split({"ours": {"median_s": 1.0}}) == ""
 
 
 def test_a_package_whose_import_raises_is_reported_in_the_environment(tmp_path, monkeypatch):

@@ -87,7 +87,8 @@ def run_install_cell(tmp_path, pretend=None, helpers=True, env=None):
     (tmp_path / "run_cell.py").write_text(RUN_CELL)
     (tmp_path / "versions.json").write_text(json.dumps(dict(PRESENT, **(pretend or {}))))
     if helpers:
-        shutil.copy(ROOT / "helpers.py", work)
+        for name in ("helpers.py", "report.py"):
+            shutil.copy(ROOT / name, work)
     environment = {k: v for k, v in os.environ.items()
                    if k not in ("NF4_HELPERS_URL", "KAGGLE_KERNEL_RUN_TYPE", "TRITON_INTERPRET")}
     environment.update(PYTHONPATH=os.pathsep.join(filter(None, [str(fake), os.environ.get("PYTHONPATH")])), NF4_TEST_VERSIONS=str(tmp_path / "versions.json"),
@@ -152,8 +153,9 @@ def test_install_cell_wants_unsloth_only_with_a_gpu(tmp_path):
 
 
 @pytest.mark.parametrize("url, message", [
-    (PLACEHOLDER_URL, "helpers.py is not next to this notebook and HELPERS_URL still holds the placeholder: "
-                      "run scripts/publish.sh OWNER/NAME after pushing, or upload helpers.py next to the notebook."),
+    (PLACEHOLDER_URL, "helpers.py and report.py not next to this notebook and HELPERS_URL still holds the "
+                      "placeholder: run scripts/publish.sh OWNER/NAME after pushing, or upload helpers.py and "
+                      "report.py next to the notebook."),
     ("file:///nonexistent/helpers.py", "Could not fetch helpers.py from file:///nonexistent/helpers.py ("),
 ])
 def test_install_cell_names_the_fix_when_helpers_py_is_missing(tmp_path, url, message):

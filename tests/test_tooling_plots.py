@@ -9,6 +9,7 @@ import pytest
 matplotlib.use("Agg")
 
 import helpers  # noqa: E402
+import report  # noqa: E402
 from conftest import ROOT  # noqa: E402
 from tooling_data import METHODS, kernel_rows, procedure  # noqa: E402
 
@@ -73,7 +74,7 @@ def _has_target_line(ax):
 
 def test_kernel_speedup_plot_has_one_series_per_kernel_and_the_target(tmp_path):
     rows = kernel_rows()
-    fig = helpers.plot_kernel_speedups(rows, METHODS[1:], ENV, tmp_path / "s.png")
+    fig = report.plot_kernel_speedups(rows, METHODS[1:], ENV, tmp_path / "s.png")
     ax = fig.axes[0]
     assert VERSIONS in ax.get_title() and "GPU time" in ax.get_title()
     assert [t.get_text() for t in ax.get_xticklabels()] == ["8192x2048\nfp16", "4096x1024\nbf16", "28672x8192\nbf16"]
@@ -91,7 +92,7 @@ def test_kernel_speedup_plot_has_one_series_per_kernel_and_the_target(tmp_path):
 
 def test_bandwidth_plot_draws_the_ceiling_as_a_reference_clear_of_the_labels(tmp_path):
     rows = kernel_rows()
-    fig = helpers.plot_bandwidth(rows, METHODS, ENV, 4250.0, tmp_path / "b.png")
+    fig = report.plot_bandwidth(rows, METHODS, ENV, 4250.0, tmp_path / "b.png")
     ax = fig.axes[0]
     assert VERSIONS in ax.get_title() and "GPU time" in ax.get_title()
     assert len(ax.patches) == 3 * len(rows)  # bars are distinct kernels only: ours, fused, bnb (= classic)
@@ -107,7 +108,7 @@ def test_bandwidth_plot_draws_the_ceiling_as_a_reference_clear_of_the_labels(tmp
 @pytest.mark.parametrize("no_fast_launch", [False, True])
 def test_procedure_plot_has_the_target_line(tmp_path, no_fast_launch):
     result = procedure(with_no_fast_launch=no_fast_launch)
-    fig = helpers.plot_procedure(result, ENV, tmp_path / "p.png")
+    fig = report.plot_procedure(result, ENV, tmp_path / "p.png")
     ax = fig.axes[0]
     assert VERSIONS in ax.get_title() and "wall clock" in ax.get_title()
     assert _has_target_line(ax)
@@ -122,7 +123,7 @@ def test_procedure_plot_has_the_target_line(tmp_path, no_fast_launch):
 
 def test_time_split_bars_end_at_the_wall_clock(tmp_path):
     result = procedure()
-    fig = helpers.plot_time_split(result, ENV, tmp_path / "t.png")
+    fig = report.plot_time_split(result, ENV, tmp_path / "t.png")
     assert VERSIONS in fig.get_suptitle() and "CUPTI" in fig.get_suptitle()
     rows = helpers.time_split(result)
     for ax, case in zip(fig.axes, ("case 0", "case 1")):
@@ -146,7 +147,7 @@ def test_plots_of_the_committed_results_keep_their_labels_apart(tmp_path, result
     # four weights, three kernels, four-digit GB/s: the figure a reviewer sees
     data = json.loads(results.read_text())
     rows, methods = data["kernel"], [m for m in helpers.METHODS if f"{m}_gbs" in data["kernel"][0]]
-    for fig in (helpers.plot_bandwidth(rows, methods, data["environment"], data.get("device_copy_gbs")),
-                helpers.plot_kernel_speedups(rows, [m for m in methods if m != "ours"], data["environment"])):
+    for fig in (report.plot_bandwidth(rows, methods, data["environment"], data.get("device_copy_gbs")),
+                report.plot_kernel_speedups(rows, [m for m in methods if m != "ours"], data["environment"])):
         _labels_apart(fig)
         _labels_clear_of_lines(fig)
