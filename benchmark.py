@@ -37,7 +37,6 @@ from kernel_cells import NOTEBOOK, load_kernel_cells  # noqa: E402  (tests/: the
 SWEEP = [cfg for cfg in itertools.product((1024, 2048, 4096, 8192), (2, 4, 8), (0, 1), (True, False))
          if cfg[0] // (32 * cfg[1]) >= 8]
 README = helpers.ROOT / "README.md"
-SHORT = {"unsloth_fused": "the fused path", "unsloth_classic": "the classic path", "bnb": "bnb"}
 HEADLINE = re.compile(r"<!-- headline:start (?P<source>\S+) -->\n(?P<body>.*?)<!-- headline:end -->", re.S)
 AGREEMENT = 0.05  # --verify: the largest relative difference accepted
 GRAPH_TIME_METHOD = ("CUDA-graph replay of (L2 flush, call) x N minus N flushes, CUDA events: counts "
@@ -295,7 +294,7 @@ def headline(source: str, where: str) -> str:
     if fused and splits.get(fused):
         kernel_ratios = [r[f"{fused}_us"] / r["ours_us"] for r in rows]
         split = splits[fused]
-        lines += ["", f"On this GPU the procedure ratio against {SHORT[fused]} is "
+        lines += ["", f"On this GPU the procedure ratio against {helpers.METHODS[fused].prose} is "
                   f"{_ratio(procedure[fused]['median_s'], ours_s)}, its kernel ratios "
                   f"{min(kernel_ratios):.2f}x to {max(kernel_ratios):.2f}x: of the {split['saved_us']:.1f} µs "
                   f"saved per call, {split['kernel_us']:.1f} µs is kernel time and {split['launch_path_us']:.1f} µs "
@@ -339,7 +338,7 @@ def _benchmark_paragraph(source: str) -> list[str]:
     env, procedure, rows, cost = (results["environment"], results["procedure"], results["kernel"],
                                   results.get("cpu_cost", {}))
     ours = procedure["ours"]["median_s"]
-    against = [f"{_ratio(procedure[b]['median_s'], ours)} {SHORT[b]}" for b in ("unsloth_fused", "unsloth_classic")
+    against = [f"{_ratio(procedure[b]['median_s'], ours)} {helpers.METHODS[b].prose}" for b in ("unsloth_fused", "unsloth_classic")
                if b in procedure]
     text = (f"A separate run of `python benchmark.py` on the same machine (`{source}/benchmark.json`, "
             f"{env['date']}): procedure {ours:.3f} s, {' and '.join(against)} (median of "

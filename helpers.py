@@ -132,17 +132,20 @@ class Method(NamedTuple):
     column: str   # in tables and plot legends
     name: str     # in the README headline (markdown)
     calls: str    # what it calls, for result files
+    prose: str    # in the headline's sentences
 
 
 METHODS = {  # every method the tables compare, keyed as in the result files
-    "ours": Method("ours", "ours", "triton_dequantize_nf4 (the notebook's kernel cells)"),
+    "ours": Method("ours", "ours", "triton_dequantize_nf4 (the notebook's kernel cells)", "ours"),
     "ours_no_fast_launch": Method("ours, no fast launch", "ours with the fast launch off",
-                                  "triton_dequantize_nf4 with its fast launch off (Triton's own launch)"),
+                                  "triton_dequantize_nf4 with its fast launch off (Triton's own launch)",
+                                  "ours without the fast launch"),
     "unsloth_fused": Method("unsloth fused", "unsloth `fast_dequantize` (fused Triton, default)",
-                            "unsloth.kernels.utils.fast_dequantize (default fused Triton path)"),
+                            "unsloth.kernels.utils.fast_dequantize (default fused Triton path)", "the fused path"),
     "unsloth_classic": Method("unsloth classic", "unsloth classic path (bnb ctypes)",
-                              "unsloth.kernels.utils._fast_dequantize_ctypes (bitsandbytes ctypes path)"),
-    "bnb": Method("bnb", "bnb `dequantize_4bit`", "bitsandbytes.functional.dequantize_4bit"),
+                              "unsloth.kernels.utils._fast_dequantize_ctypes (bitsandbytes ctypes path)",
+                              "the classic path"),
+    "bnb": Method("bnb", "bnb `dequantize_4bit`", "bitsandbytes.functional.dequantize_4bit", "bnb"),
 }
 OURS = ("ours", "ours_no_fast_launch")
 BASELINES = ("unsloth_fused", "unsloth_classic", "bnb")
@@ -234,10 +237,9 @@ def import_unsloth_kernels():
 
 
 def dequantizers(ours: Callable) -> tuple[dict[str, Callable], dict[str, str]]:
-    """(methods, skipped): each NF4 dequantization of a Linear4bit layer this machine can run (`ours`;
-    unsloth's fused Triton path and classic path, the bnb ctypes calls the puzzle was written against;
-    bitsandbytes' dequantize_4bit), and {name: reason} for each baseline it cannot (unsloth's need a
-    GPU and kernels that import): skipped, never raised."""
+    """(methods, skipped): each NF4 dequantization of a Linear4bit this machine can run (`ours`, unsloth's
+    fused and classic paths, bitsandbytes' dequantize_4bit), and {name: reason} for each baseline it
+    cannot (unsloth's need a GPU and kernels that import): skipped, never raised."""
     import bitsandbytes.functional as bnbf
     methods, skipped = {"ours": ours}, {}
     utils, reason = None, "needs a CUDA GPU"
@@ -688,13 +690,11 @@ def _fresh(function: Callable) -> Callable:
 
 def compile_report(dequantize: Callable, dtypes=(torch.float16, torch.bfloat16), hd: int = PROCEDURE_CASES[0][2],
                    m: int = PROCEDURE_CASES[0][3], seed: int = PROCEDURE_CASES[0][4]) -> dict:
-    """torch.compile(fullgraph=True) of the procedure's MLP, its weights dequantized by `dequantize` in
-    the graph, per dtype on the current GPU: what compiled and what it matched, or why Inductor refused
-    (reported, not raised: it refuses bf16 on a T4; other errors are raised). Each compile is of a
-    `_fresh` copy, so no other compiled function is dropped; the random states are restored. Returns
-    {"gpu", "capability", "bf16_native" (Inductor's own question), "dtypes": {str(dtype): checks}}:
-    each check a bool but the max abs difference (Inductor fuses silu(a) * b and rounds unlike eager
-    unless it emulates eager's casts), or {"compiled": False, "refused_by", "reason", "warnings"}."""
+    """torch.compile(fullgraph=True) of the procedure's MLP, its weights dequantized by `dequantize` in the
+    graph, per dtype on the current GPU: what compiled and matched, or why Inductor refused (reported: it
+    refuses bf16 on a T4; other errors raise). Each compile is of a `_fresh` copy (no other compiled
+    function is dropped); random states are restored. {"gpu", "capability", "bf16_native", "dtypes":
+    {str(dtype): checks, bools but the max abs difference, or {"compiled": False, "reason", ...}}}."""
     import torch._inductor.config
     from torch._dynamo.device_interface import get_interface_for_device
     from torch._dynamo.utils import counters
