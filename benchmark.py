@@ -70,6 +70,49 @@ def sweep(kernel, capability):
     return rows
 
 
+HOST_COST_FLOOR = ("torch.empty of the output plus Triton's C launcher called with the arguments Triton passed it, "
+                   "nothing checked (the fast launch's recorded replay, allocating with torch.empty)")
+
+
+def _floor(replay):
+    """HOST_COST_FLOOR, built from what the fast launch's replay recorded: its body with torch.empty."""
+    recorded = dict(zip(replay.__code__.co_freevars, (cell.cell_contents for cell in replay.__closure__)))
+    real, head, lead, before, after, packed, index, size, dtype, device = (recorded[name] for name in (
+        "real", "head", "lead", "before", "after", "packed", "index", "size", "dtype", "device"))
+    stream = torch._C._cuda_getCurrentRawStream
+
+    def floor():
+        new = torch.empty(size, dtype=dtype, device=device)
+        args = (*before, new.data_ptr(), *after)
+        real(*head, stream(index), *lead, args) if packed else real(*head, stream(index), *args)
+        return new
+    return floor
+
+
+def host_cost(old_notebook: Path, rounds: int = 9, calls: int = 1000) -> dict:
+    """Host time per call (helpers.HOST_TIME_METHOD) of triton_dequantize_nf4 from these cells and from
+    `old_notebook`'s, of the floor (HOST_COST_FLOOR) and of the replay alone (the floor allocating with
+    torch.empty_strided, as the replay does), in `rounds` interleaved rounds of `calls`; the median of the
+    round medians, on the procedure's first weight."""
+    new, old = load_kernel_cells(), load_kernel_cells(old_notebook, name="nf4_old_cells")
+    layer = helpers.make_layer(*helpers.KERNEL_SHAPES[0])
+    for cells in (new, old):
+        assert torch.equal(cells.triton_dequantize_nf4(layer), cells.triton_dequantize_nf4(layer))
+    replay = new._plans[id(layer.weight.quant_state)][1]  # the plan the calls above learned
+    timed = {"new": lambda: new.triton_dequantize_nf4(layer), "old": lambda: old.triton_dequantize_nf4(layer),
+             "floor": _floor(replay), "replay": replay}
+    assert all(torch.equal(fn(), timed["old"]()) for fn in timed.values())
+    samples = {name: [] for name in timed}
+    for _ in range(rounds):
+        for name, fn in timed.items():
+            samples[name].append(helpers.host_time(fn, calls=calls).median_us)
+    medians = {name: sorted(values)[rounds // 2] for name, values in samples.items()}
+    return {"layer": str(helpers.KERNEL_SHAPES[0]), "method": helpers.HOST_TIME_METHOD, "floor": HOST_COST_FLOOR,
+            "old_notebook": Path(old_notebook).name, "rounds_us": samples, "median_us": medians,
+            "new_over_floor": medians["new"] / medians["floor"], "old_over_floor": medians["old"] / medians["floor"],
+            "new_over_replay": medians["new"] / medians["replay"]}
+
+
 def _capture(work) -> "torch.cuda.CUDAGraph":
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -177,49 +220,6 @@ def verify(path: Path, methods: dict) -> bool:
 # ---------------------------------------------------------------------------------------------
 # The headline tables of the README and the notebook, from a results directory
 # ---------------------------------------------------------------------------------------------
-HOST_COST_FLOOR = ("torch.empty of the output plus Triton's C launcher called with the arguments Triton passed it, "
-                   "nothing checked (the fast launch's recorded replay, allocating with torch.empty)")
-
-
-def _floor(replay):
-    """HOST_COST_FLOOR, built from what the fast launch's replay recorded: its body with torch.empty."""
-    recorded = dict(zip(replay.__code__.co_freevars, (cell.cell_contents for cell in replay.__closure__)))
-    real, head, lead, before, after, packed, index, size, dtype, device = (recorded[name] for name in (
-        "real", "head", "lead", "before", "after", "packed", "index", "size", "dtype", "device"))
-    stream = torch._C._cuda_getCurrentRawStream
-
-    def floor():
-        new = torch.empty(size, dtype=dtype, device=device)
-        args = (*before, new.data_ptr(), *after)
-        real(*head, stream(index), *lead, args) if packed else real(*head, stream(index), *args)
-        return new
-    return floor
-
-
-def host_cost(old_notebook: Path, rounds: int = 9, calls: int = 1000) -> dict:
-    """Host time per call (helpers.HOST_TIME_METHOD) of triton_dequantize_nf4 from these cells and from
-    `old_notebook`'s, of the floor (HOST_COST_FLOOR) and of the replay alone (the floor allocating with
-    torch.empty_strided, as the replay does), in `rounds` interleaved rounds of `calls`; the median of the
-    round medians, on the procedure's first weight."""
-    new, old = load_kernel_cells(), load_kernel_cells(old_notebook, name="nf4_old_cells")
-    layer = helpers.make_layer(*helpers.KERNEL_SHAPES[0])
-    for cells in (new, old):
-        assert torch.equal(cells.triton_dequantize_nf4(layer), cells.triton_dequantize_nf4(layer))
-    replay = new._plans[id(layer.weight.quant_state)][1]  # the plan the calls above learned
-    timed = {"new": lambda: new.triton_dequantize_nf4(layer), "old": lambda: old.triton_dequantize_nf4(layer),
-             "floor": _floor(replay), "replay": replay}
-    assert all(torch.equal(fn(), timed["old"]()) for fn in timed.values())
-    samples = {name: [] for name in timed}
-    for _ in range(rounds):
-        for name, fn in timed.items():
-            samples[name].append(helpers.host_time(fn, calls=calls).median_us)
-    medians = {name: sorted(values)[rounds // 2] for name, values in samples.items()}
-    return {"layer": str(helpers.KERNEL_SHAPES[0]), "method": helpers.HOST_TIME_METHOD, "floor": HOST_COST_FLOOR,
-            "old_notebook": Path(old_notebook).name, "rounds_us": samples, "median_us": medians,
-            "new_over_floor": medians["new"] / medians["floor"], "old_over_floor": medians["old"] / medians["floor"],
-            "new_over_replay": medians["new"] / medians["replay"]}
-
-
 def _ratio(base: float, ours: float, bold: bool = False) -> str:
     text = f"{base / ours:.2f}x"
     return f"**{text}**" if bold else text
@@ -338,8 +338,8 @@ def _benchmark_paragraph(source: str) -> list[str]:
     env, procedure, rows, cost = (results["environment"], results["procedure"], results["kernel"],
                                   results.get("cpu_cost", {}))
     ours = procedure["ours"]["median_s"]
-    against = [f"{_ratio(procedure[b]['median_s'], ours)} {helpers.METHODS[b].prose}" for b in ("unsloth_fused", "unsloth_classic")
-               if b in procedure]
+    against = [f"{_ratio(procedure[b]['median_s'], ours)} {helpers.METHODS[b].prose}"
+               for b in ("unsloth_fused", "unsloth_classic") if b in procedure]
     text = (f"A separate run of `python benchmark.py` on the same machine (`{source}/benchmark.json`, "
             f"{env['date']}): procedure {ours:.3f} s, {' and '.join(against)} (median of "
             f"{len(procedure['ours'].get('runs_s', [])) or 1}, spread in the file)")
@@ -369,12 +369,13 @@ def _benchmark_paragraph(source: str) -> list[str]:
     if host is not None:
         table, when = host["host_cost"], host["environment"]["date"]
         us = table["median_us"]
-        lines += ["", f"The fast launch's host time per call (`python benchmark.py --host-cost`, `{source}/host_cost.json`, "
-                      f"{when}; GPU idle before each call): ours {us['new']:.2f} µs against {us['floor']:.2f} µs for "
-                      f"`torch.empty` plus Triton's C launcher called with the arguments Triton passed, nothing checked "
-                      f"({table['new_over_floor']:.2f}x; the cells of `{Path(table['old_notebook']).name}` "
-                      f"{table['old_over_floor']:.2f}x). The replay alone, allocating with `torch.empty_strided`, "
-                      f"takes {us['replay']:.2f} µs: the per-call checks cost ours {table['new_over_replay']:.2f}x that."]
+        lines += ["", f"The fast launch's host time per call (`python benchmark.py --host-cost`, "
+                      f"`{source}/host_cost.json`, {when}; GPU idle before each call): ours {us['new']:.2f} µs "
+                      f"against {us['floor']:.2f} µs for `torch.empty` plus Triton's C launcher called with the "
+                      f"arguments Triton passed, nothing checked ({table['new_over_floor']:.2f}x; the cells of "
+                      f"`{Path(table['old_notebook']).name}` {table['old_over_floor']:.2f}x). The replay alone, "
+                      f"allocating with `torch.empty_strided`, takes {us['replay']:.2f} µs: the per-call checks cost "
+                      f"ours {table['new_over_replay']:.2f}x that."]
     return lines
 
 
