@@ -71,36 +71,47 @@ def sweep(kernel, capability):
 
 
 HOST_COST_FLOOR = ("torch.empty of the output plus Triton's C launcher called with the arguments Triton passed it, "
-                   "nothing checked (the fast launch's recorded replay, allocating with torch.empty)")
+                   "nothing checked (the fast launch's recorded launch line, allocating with torch.empty)")
+FIXED_CALL = ("the compiled launcher's Python entry called directly with the same arguments, nothing checked "
+              "(unsloth's triton_launch.py style), allocating with torch.empty_strided as the replay does")
 
 
-def _floor(replay):
-    """HOST_COST_FLOOR, built from what the fast launch's replay recorded: its body with torch.empty."""
-    recorded = dict(zip(replay.__code__.co_freevars, (cell.cell_contents for cell in replay.__closure__)))
-    real, head, lead, before, after, packed, index, size, dtype, device = (recorded[name] for name in (
-        "real", "head", "lead", "before", "after", "packed", "index", "size", "dtype", "device"))
-    stream = torch._C._cuda_getCurrentRawStream
-
-    def floor():
-        new = torch.empty(size, dtype=dtype, device=device)
-        args = (*before, new.data_ptr(), *after)
-        real(*head, stream(index), *lead, args) if packed else real(*head, stream(index), *args)
-        return new
-    return floor
+def _unchecked(plan, kernel, W, q) -> dict:
+    """The floor (HOST_COST_FLOOR), the replay alone and the fixed call (FIXED_CALL), built from a plan that the
+    fast-launch cell wrote for W: its own allocation and launch lines with its checks left out."""
+    names, out = dict(plan.__globals__), plan(W, q)
+    lines = [line.strip() for line in names["source"].splitlines()]
+    allocate, launch = (next(line for line in lines if line.startswith(start)) for start in ("new = ", "launch("))
+    layout = kernel.nf4_layout(W, q)
+    capability = kernel.device_capability(out.device)
+    config = kernel.launch_config(layout, capability)
+    grid, args, constexprs, options = kernel.launch_arguments(layout, out, config, capability)
+    compiled = kernel._dequantize_4bit_kernel[grid](*args, **constexprs, **options)
+    tail = [constexprs[name] for name in kernel._dequantize_4bit_kernel.arg_names[len(args):]]  # Triton >= 3.3
+    addresses, at = [a.data_ptr() if torch.is_tensor(a) else a for a in args], [a is out for a in args].index(True)
+    names.update(torch=torch, size=tuple(out.shape), stride=out.stride(), index=out.device.index, run=compiled.run,
+                 function=compiled.function, metadata=compiled.packed_metadata, grid=(*grid, 1, 1)[:3],
+                 before=addresses[:at], after=[*addresses[at + 1:], *tail])
+    exec(f"def floor():\n new = torch.empty(size, dtype=dtype, device=device)\n {launch}\n return new\n"
+         f"def replay():\n {allocate}\n {launch}\n return new\n"
+         "def fixed_call():\n new = torch.empty_strided(size, stride, dtype=dtype, device=device)\n"
+         " run(*grid, stream(index), function, metadata, None, None, None, *before, new.data_ptr(), *after)\n"
+         " return new\n", names)
+    return {name: names[name] for name in ("floor", "replay", "fixed_call")}
 
 
 def host_cost(old_notebook: Path, rounds: int = 9, calls: int = 1000) -> dict:
     """Host time per call (helpers.HOST_TIME_METHOD) of triton_dequantize_nf4 from these cells and from
-    `old_notebook`'s, of the floor (HOST_COST_FLOOR) and of the replay alone (the floor allocating with
-    torch.empty_strided, as the replay does), in `rounds` interleaved rounds of `calls`; the median of the
-    round medians, on the procedure's first weight."""
+    `old_notebook`'s, of the floor (HOST_COST_FLOOR), of the replay alone (the floor allocating with
+    torch.empty_strided, as a plan does) and of the fixed call (FIXED_CALL), in `rounds` interleaved rounds of
+    `calls`; the median of the round medians, on the procedure's first weight."""
     new, old = load_kernel_cells(), load_kernel_cells(old_notebook, name="nf4_old_cells")
     layer = helpers.make_layer(*helpers.KERNEL_SHAPES[0])
+    W, q = layer.weight, layer.weight.quant_state
     for cells in (new, old):
         assert torch.equal(cells.triton_dequantize_nf4(layer), cells.triton_dequantize_nf4(layer))
-    replay = new._plans[id(layer.weight.quant_state)][1]  # the plan the calls above learned
     timed = {"new": lambda: new.triton_dequantize_nf4(layer), "old": lambda: old.triton_dequantize_nf4(layer),
-             "floor": _floor(replay), "replay": replay}
+             **_unchecked(new._plans[id(q)], new, W, q)}  # the plan that the calls above learned
     assert all(torch.equal(fn(), timed["old"]()) for fn in timed.values())
     samples = {name: [] for name in timed}
     for _ in range(rounds):
@@ -108,9 +119,10 @@ def host_cost(old_notebook: Path, rounds: int = 9, calls: int = 1000) -> dict:
             samples[name].append(helpers.host_time(fn, calls=calls).median_us)
     medians = {name: sorted(values)[rounds // 2] for name, values in samples.items()}
     return {"layer": str(helpers.KERNEL_SHAPES[0]), "method": helpers.HOST_TIME_METHOD, "floor": HOST_COST_FLOOR,
-            "old_notebook": Path(old_notebook).name, "rounds_us": samples, "median_us": medians,
-            "new_over_floor": medians["new"] / medians["floor"], "old_over_floor": medians["old"] / medians["floor"],
-            "new_over_replay": medians["new"] / medians["replay"]}
+            "fixed_call": FIXED_CALL, "old_notebook": Path(old_notebook).name, "rounds_us": samples,
+            "median_us": medians, "new_over_floor": medians["new"] / medians["floor"],
+            "old_over_floor": medians["old"] / medians["floor"], "new_over_replay": medians["new"] / medians["replay"],
+            "fixed_call_over_replay": medians["fixed_call"] / medians["replay"]}
 
 
 def _capture(work) -> "torch.cuda.CUDAGraph":
@@ -376,6 +388,10 @@ def _benchmark_paragraph(source: str) -> list[str]:
                       f"`{Path(table['old_notebook']).name}` {table['old_over_floor']:.2f}x). The replay alone, "
                       f"allocating with `torch.empty_strided`, takes {us['replay']:.2f} µs: the per-call checks cost "
                       f"ours {table['new_over_replay']:.2f}x that."]
+        if "fixed_call" in us:
+            lines[-1] += (f" Calling the compiled launcher's Python entry instead (unsloth's `triton_launch.py` style, "
+                          f"nothing checked) takes {us['fixed_call']:.2f} µs, "
+                          f"{table['fixed_call_over_replay']:.2f}x the replay.")
     return lines
 
 
@@ -452,7 +468,7 @@ def main(argv=None):
         env, table = helpers.environment(), host_cost(args.host_cost)
         print({name: round(us, 2) for name, us in table["median_us"].items()},
               f"new/floor {table['new_over_floor']:.3f}, old/floor {table['old_over_floor']:.3f}, "
-              f"new/replay {table['new_over_replay']:.3f}")
+              f"new/replay {table['new_over_replay']:.3f}, fixed call/replay {table['fixed_call_over_replay']:.3f}")
         print("wrote", helpers.write_results(helpers.results_dir(env) / "host_cost.json", env, host_cost=table))
         return
     kernel = load_kernel_cells()
