@@ -87,7 +87,8 @@ def _unchecked(plan, kernel, W, q) -> dict:
     config = kernel.launch_config(layout, capability)
     grid, args, constexprs, options = kernel.launch_arguments(layout, out, config, capability)
     compiled = kernel._dequantize_4bit_kernel[grid](*args, **constexprs, **options)
-    tail = [constexprs[name] for name in kernel._dequantize_4bit_kernel.arg_names[len(args):]]  # Triton >= 3.3
+    tail = [constexprs[name] for name in kernel._dequantize_4bit_kernel.arg_names[len(args):]]
+    tail = tail if kernel.TRITON_VERSION >= (3, 3) else []  # Triton 3.2's launcher takes no constexprs
     addresses, at = [a.data_ptr() if torch.is_tensor(a) else a for a in args], [a is out for a in args].index(True)
     names.update(torch=torch, size=tuple(out.shape), stride=out.stride(), index=out.device.index, run=compiled.run,
                  function=compiled.function, metadata=compiled.packed_metadata, grid=(*grid, 1, 1)[:3],
