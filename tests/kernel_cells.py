@@ -1,10 +1,11 @@
 """The notebook's kernel cells as a module, for tests and benchmark scripts.
 
-Cells are picked by tag: `kernel` (the paste unit: the kernel and its wrapper), `fast-launch`
-(the optional fast launch) and `model-patch` (use_triton_dequantize). By default all three, in
-notebook order, as "Run all" defines them; PASTE_UNIT alone is what a user pastes."""
+Cells are picked by tag: `kernel` (the paste unit: the kernel, its wrapper and launch path) and
+`model-patch` (use_triton_dequantize). By default both, in notebook order, as "Run all" defines them; PASTE_UNIT alone is what a user pastes. The cell tagged
+`procedure` (the published test_dequantize) is loaded apart: load_procedure_cell."""
 import importlib.util
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -13,9 +14,9 @@ import weakref
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOK = ROOT / "Unsloth_Puzzles_NF4.ipynb"
+NOTEBOOK = Path(os.environ.get("NF4_NOTEBOOK", ROOT / "Unsloth_Puzzles_NF4.ipynb"))  # another: tests of its cells
 PASTE_UNIT = ("kernel",)
-ALL_CELLS = ("kernel", "fast-launch", "model-patch")
+ALL_CELLS = ("kernel", "model-patch")
 
 
 def kernel_cell_sources(notebook: Path = NOTEBOOK, tags=ALL_CELLS) -> list[str]:
@@ -54,3 +55,19 @@ def load_kernel_cells(notebook: Path = NOTEBOOK, name: str = "nf4_kernel_cells",
         raise
     weakref.finalize(module, shutil.rmtree, directory, ignore_errors=True)
     return module
+
+
+def load_procedure_cell(notebook: Path = NOTEBOOK) -> types.SimpleNamespace:
+    """What the notebook's cell tagged `procedure` defines (test_dequantize, build_case, warm_up,
+    timed_loop), without running the cell: its imports and function definitions only, over helpers,
+    torch, GPU and DEVICE as the notebook sets them on this machine."""
+    import ast
+
+    import helpers
+    import torch
+    tree = ast.parse(kernel_cell_sources(notebook, ("procedure",))[0])
+    tree.body = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef))]
+    gpu = torch.cuda.is_available()
+    names = {"helpers": helpers, "torch": torch, "GPU": gpu, "DEVICE": "cuda" if gpu else "cpu"}
+    exec(compile(tree, f"{Path(notebook).name} (the cell tagged procedure)", "exec"), names)
+    return types.SimpleNamespace(**names)

@@ -19,15 +19,35 @@ def _state(layer):
 
 
 def test_missing_quant_state(kernel, layer):
-    with pytest.raises(ValueError, match="quant_state is None"):
+    with pytest.raises(ValueError, match="no quant_state, so it is not a bitsandbytes 4-bit weight"):
         kernel.dequantize_nf4(layer.weight, None)
+
+
+def test_a_plain_linear_layer_is_told_what_to_use(kernel):
+    with pytest.raises(ValueError, match="not a bitsandbytes 4-bit weight: use a bitsandbytes.nn.Linear4bit"):
+        kernel.triton_dequantize_nf4(torch.nn.Linear(256, 64, bias=False))
+
+
+def test_a_linear4bit_not_yet_quantized_is_told_so(kernel):
+    import bitsandbytes as bnb
+    layer = bnb.nn.Linear4bit(256, 64, bias=None, compute_dtype=torch.bfloat16, quant_type="nf4")
+    with pytest.raises(ValueError, match=r"not quantized yet: .*layer.to\('cuda'\)"):
+        kernel.triton_dequantize_nf4(layer)
+
+
+def test_a_weight_on_the_meta_device_is_refused_by_name(kernel, layer):
+    qs = _state(layer)
+    qs.absmax, qs.code = qs.absmax.to("meta"), qs.code.to("meta")
+    for W in (layer.weight.data.to("meta"), layer.weight):
+        with pytest.raises(ValueError, match="meta device, which holds no data"):
+            kernel.dequantize_nf4(W, qs)
 
 
 # (what is changed in a copy of a good quant state, the error, what its message must say)
 BROKEN_STATES = {
     "missing field": (lambda qs: setattr(qs, "absmax", None), ValueError, r"quant_state\.absmax is missing"),
     "output dtype": (lambda qs: setattr(qs, "dtype", torch.int8), TypeError, "output dtype torch.int8"),
-    "mismatched shape": (lambda qs: setattr(qs, "shape", torch.Size([64, 512])), ValueError, "packs into"),
+    "mismatched shape": (lambda qs: setattr(qs, "shape", torch.Size([64, 512])), ValueError, "pack into"),
     "absmax dtype": (lambda qs: setattr(qs, "absmax", qs.absmax.float()), TypeError,
                      "double-quantized absmax must be uint8"),
     "absmax count": (lambda qs: setattr(qs, "absmax", qs.absmax[:-1]), ValueError, "absmax values for"),

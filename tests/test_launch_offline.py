@@ -1,6 +1,6 @@
-"""The fast-launch cell against the installed Triton's own launcher, without a GPU (launch_offline.py):
-it replays exactly what Triton passes, in the format Triton's C launcher parses, and steps aside
-whenever a launch hook is set, before or after its first call."""
+"""The launch path against the installed Triton's own launcher, without a GPU (launch_offline.py): a
+plan replays exactly what Triton passes, in the format Triton's C launcher parses, records without
+launching twice, and steps aside whenever a launch hook is set, before or after its first call."""
 import json
 import subprocess
 import sys
@@ -23,6 +23,7 @@ def test_fast_launch_passes_what_triton_passes(report, layout):
     assert case["problems"] == [], f"Triton {report['triton']}: {case['problems']}"
     assert case["fast"], f"Triton {report['triton']}: the fast launch declined"
     assert case["fast_matches_triton"]
+    assert case["recorded_launch_unchanged"], "the launch that was recorded passed something else"
 
 
 @pytest.mark.parametrize("layout", ["nested", "plain"])

@@ -22,6 +22,12 @@ def _layer(shape=(96, 320), dtype=torch.bfloat16, seed=0):
     return helpers.make_layer(*shape, dtype, device=DEVICE, seed=seed)
 
 
+def _fast(kernel, W, qs):
+    """What the launch path's plan for qs gives for W, or None where there is none or it declines."""
+    plan = kernel._plans.get(kernel._identity(qs))
+    return plan(W, qs) if plan is not None else None
+
+
 def _assert_bnb(out, W, qs):
     refs = references(W, qs)
     assert refs
@@ -158,15 +164,28 @@ def test_nothing_is_stored_on_bitsandbytes_objects(kernel):
 def test_the_fast_launch_answers_later_calls_and_can_be_left_out(kernel, monkeypatch):
     layer = _layer(seed=21)
     W, qs = layer.weight, layer.weight.quant_state
-    kernel.triton_dequantize_nf4(layer)
-    fast = kernel.fast_launch(W, qs)
+    for _ in range(2):  # a plan is made by the first call, or the second where the kernel is new
+        kernel.triton_dequantize_nf4(layer)
+    fast = _fast(kernel, W, qs)
     assert fast is not None, "the fast launch declined on this Triton"
     _assert_bnb(fast, W, qs)
     _assert_bnb(kernel.triton_dequantize_nf4(layer), W, qs)
-    monkeypatch.setattr(kernel, "fast_launch", None)  # the paste unit without the fast-launch cell
+    monkeypatch.setattr(kernel, "FAST_LAUNCH", False)  # NF4_FAST_LAUNCH=0: Triton's launch every call
     other = _layer(seed=22)
     for _ in range(2):
         _assert_bnb(kernel.triton_dequantize_nf4(other), other.weight, other.weight.quant_state)
+
+
+@pytest.mark.gpu
+def test_a_new_weight_of_a_known_kernel_gets_its_plan_on_its_first_call(kernel):
+    # Triton's first launch of a compiled kernel is recorded on the next launch that Triton makes
+    # of it, whichever weight that is: a model's later layers are fast from their first call
+    first, second = _layer(shape=(64, 512), seed=24), _layer(shape=(64, 512), seed=25)
+    kernel.triton_dequantize_nf4(first)
+    kernel.triton_dequantize_nf4(second)
+    fast = _fast(kernel, second.weight, second.weight.quant_state)
+    assert fast is not None, "a weight whose kernel Triton launched before had no plan after a call"
+    _assert_bnb(fast, second.weight, second.weight.quant_state)
 
 
 @pytest.mark.gpu
@@ -176,13 +195,14 @@ def test_both_views_of_a_weight_take_the_fast_launch(kernel, learned_from):
     # object each call: both are answered by the plan the first of them made
     layer = _layer(shape=(64, 320), seed=23)
     W, qs = layer.weight, layer.weight.quant_state
-    kernel.dequantize_nf4(W if learned_from == "W" else W.t(), qs)
+    for _ in range(2):
+        kernel.dequantize_nf4(W if learned_from == "W" else W.t(), qs)
     through_triton = kernel.dequantize_nf4_via_triton(W, qs)
     for view in (W, W.t(), W, W.t()):
-        fast = kernel.fast_launch(view, qs)
+        fast = _fast(kernel, view, qs)
         assert fast is not None, f"{learned_from} first: the fast launch declined a later call"
         _assert_bnb(fast, view, qs)
-    fast = kernel.fast_launch(W, qs)
+    fast = _fast(kernel, W, qs)
     assert (fast.shape, fast.stride(), fast.dtype, fast.device) == (
         through_triton.shape, through_triton.stride(), through_triton.dtype, through_triton.device)
 
@@ -213,15 +233,16 @@ def test_every_listed_field_is_checked_on_every_call(kernel):
         layer = _layer(seed=30)
         W, qs = layer.weight, layer.weight.quant_state
         kernel.triton_dequantize_nf4(layer)
-        assert kernel.fast_launch(W, qs) is not None
+        kernel.triton_dequantize_nf4(layer)
+        assert _fast(kernel, W, qs) is not None
         owner = qs if owner_name is None else getattr(qs, owner_name)
         replacement = _distinct_equal(getattr(owner, name))
         if replacement is None:
             continue
         setattr(owner, name, replacement)
-        assert kernel.fast_launch(W, qs) is None, f"replacing {owner_name or 'quant_state'}.{name} went unseen"
+        assert _fast(kernel, W, qs) is None, f"replacing {owner_name or 'quant_state'}.{name} went unseen"
         _assert_bnb(kernel.triton_dequantize_nf4(layer), W, qs)
-        assert kernel.fast_launch(W, qs) is not None, "no new plan after the replacement"
+        assert _fast(kernel, W, qs) is not None, "no new plan after the replacement"
         checked += 1
     assert checked >= 8
 
@@ -301,7 +322,7 @@ def test_a_launch_hook_set_after_the_first_call_sees_every_later_call(kernel):
         remove()
     assert len(seen) == 3, f"the hook saw {len(seen)} of 3 launches"
     kernel.triton_dequantize_nf4(layer)
-    assert len(seen) == 3 and kernel.fast_launch(W, qs) is not None
+    assert len(seen) == 3 and _fast(kernel, W, qs) is not None
 
 
 @pytest.mark.gpu

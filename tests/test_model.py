@@ -290,7 +290,7 @@ def test_torch_compile_tracing_goes_to_bitsandbytes(kernel, calls, monkeypatch):
     import bitsandbytes.functional as bnbf
     W, qs = _layer()
     reference = bnbf.dequantize_4bit(W, qs)
-    monkeypatch.setattr(kernel, "_is_compiling", lambda: True)  # what the patch sees while dynamo traces
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # what the patch sees while tracing
     with kernel.use_triton_dequantize():
         assert torch.equal(bnbf.dequantize_4bit(W, qs), reference)
     assert calls["kernel"] == 0 and calls["bitsandbytes.functional.dequantize_4bit"] == 2

@@ -25,6 +25,6 @@ def test_traced_path_matches(kernel, monkeypatch):
     layer = helpers.make_layer(48, 256, torch.float16, device=DEVICE)
     W, qs = layer.weight, layer.weight.quant_state
     monkeypatch.setattr(kernel, "_is_compiling", lambda: True)
-    monkeypatch.setattr(kernel, "fast_launch", None)
+    monkeypatch.setattr(kernel, "FAST_LAUNCH", False)
     out = kernel.dequantize_nf4(W, qs)
     assert all(torch.equal(out, ref) for ref in references(W, qs).values())
