@@ -4,8 +4,9 @@ the callables they run (tests/kernel_cells.py loads the kernel cells).
 
   1. Environment and device facts  environment, versions_line, short_dtype, bytes_moved
   2. The test procedure            METHODS, OURS, BASELINES, SAME_KERNELS, PROCEDURE_CASES, KERNEL_SHAPES,
-                                   make_layer, dequantizers, check_baselines, usable, procedure_table,
-                                   time_split, saved_per_call
+                                   make_layer, exactness, dequantizers, check_baselines, usable, MLP,
+                                   procedure_bytes, procedure_result, round_ratios, add_splits, time_split,
+                                   saved_per_call (the procedure itself is the notebook's cell tagged `procedure`)
   3. GPU and host timing           gpu_time, host_time, l2_flush, kernel_table, device_copy_gbs, cpu_cost_table
   4. torch.compile                 compile_report, compile_claim
   5. Result files                  results_dir, write_results, shown_path
@@ -51,8 +52,7 @@ def wrap(text: str, indent: str = "") -> str:
 
 
 # 1. Environment and device facts (the current CUDA device) ------------------------------------
-# unsloth's kernels may be installed without package metadata (the GPU machine carries them so): then its
-# version is named by the sha256 of kernels/nf4.py, checked against PyPI's wheels
+# unsloth without package metadata (as on the GPU machine) is named by its kernels/nf4.py's sha256 (PyPI's wheels)
 UNSLOTH_NF4_SHA256 = {"f4dd101d1dd86e46a1e096aea1ad19fb27d8e39233cfb99a61240ca495d44a52": "2026.10.9"}
 
 
@@ -63,23 +63,28 @@ def _version(package: str) -> str:
         spec = importlib.util.find_spec(package)
         if spec is None:
             return "not installed"
-        if package == "unsloth" and spec.submodule_search_locations:
-            nf4 = Path(list(spec.submodule_search_locations)[0]) / "kernels" / "nf4.py"
-            if nf4.exists():
-                sha = hashlib.sha256(nf4.read_bytes()).hexdigest()
-                return f"{UNSLOTH_NF4_SHA256.get(sha, 'unknown')} (by kernels/nf4.py's sha256)"
+        if package == "unsloth" and _unsloth_nf4_sha256():  # environment() keeps the sha256 beside it
+            return UNSLOTH_NF4_SHA256.get(_unsloth_nf4_sha256(), "unknown version")
         try:  # a package whose import raises is reported, never raised: it must not stop Run all
             return getattr(importlib.import_module(package), "__version__", None) or "present, no metadata"
         except Exception as error:
             return f"present, no metadata; importing it raised {_first_line(error)}"
 
 
+def _unsloth_nf4_sha256() -> str | None:
+    """The sha256 of the importable unsloth's kernels/nf4.py (None without one): result files keep it."""
+    spec = importlib.util.find_spec("unsloth")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    nf4 = Path(folders[0], "kernels", "nf4.py") if folders else None
+    return hashlib.sha256(nf4.read_bytes()).hexdigest() if nf4 and nf4.is_file() else None
+
+
 def environment() -> dict:
-    """The current GPU (name, capability, SMs, memory, L2, datasheet peak bandwidth, driver) and the
-    library versions: printed, in every plot's subtitle and in every result file."""
+    """The current GPU's facts and the library versions: printed, in every plot's subtitle and result file."""
     facts = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
              "python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
              "bitsandbytes": _version("bitsandbytes"), "unsloth": _version("unsloth"),
+             "unsloth_nf4_sha256": _unsloth_nf4_sha256(),
              "gpu": "none (CPU, TRITON_INTERPRET=1)", "capability": None, "driver": None, "sm_count": None,
              "peak_bandwidth_gbs": None}
     if torch.cuda.is_available():
@@ -88,11 +93,9 @@ def environment() -> dict:
         facts.update(device=device, gpu=props.name, capability=f"{props.major}.{props.minor}",
                      sm_count=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30, 1),
                      l2_mib=round(getattr(props, "L2_cache_size", 0) / 2**20, 1))
-        try:  # memory clock x bus width x 2 (DDR), as the driver reports them
+        with contextlib.suppress(Exception):  # memory clock x bus width x 2 (DDR); if unreported, plots omit it
             driver = triton.runtime.driver.active.utils.get_device_properties(device)
             facts["peak_bandwidth_gbs"] = round(2 * driver["mem_clock_rate"] * driver["mem_bus_width"] / 8e6, 1)
-        except Exception:  # not reported: the plots leave the line out
-            pass
         try:  # one driver serves every GPU of the machine
             facts["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                              capture_output=True, text=True, timeout=20).stdout.split()[0]
@@ -101,10 +104,11 @@ def environment() -> dict:
     return facts
 
 
-def versions_line(env: dict) -> str:
-    """'GPU · torch x · triton y · bitsandbytes z · unsloth w · date' (plot and score-card subtitles)."""
-    versions = [f"{name} {env[name]}" for name in ("torch", "triton", "bitsandbytes", "unsloth") if name in env]
-    return " · ".join([env.get("gpu", "unknown GPU"), *versions] + ([env["date"]] if "date" in env else []))
+def versions_line(env: dict, date: bool = True) -> str:
+    """'GPU · torch x · triton y · bitsandbytes z · unsloth w · date' (plots leave out the date); no hash in it."""
+    versions = [f"{n} {str(env[n]).split(' (by ')[0]}" for n in ("torch", "triton", "bitsandbytes", "unsloth")
+                if n in env]
+    return " · ".join([env.get("gpu", "unknown GPU"), *versions] + ([env["date"]] if date and "date" in env else []))
 
 
 def gpu_slug(name: str) -> str:
@@ -137,9 +141,10 @@ class Method(NamedTuple):
 
 METHODS = {  # every method the tables compare, keyed as in the result files
     "ours": Method("ours", "ours", "triton_dequantize_nf4 (the notebook's kernel cells)", "ours"),
-    "ours_no_fast_launch": Method("ours, no fast launch", "ours with the fast launch off",
-                                  "triton_dequantize_nf4 with its fast launch off (Triton's own launch)",
-                                  "ours without the fast launch"),
+    "ours_via_triton": Method("ours through Triton's own launch",
+                              "ours through Triton's own launch (kernel[grid](...), every call bound by Triton)",
+                              "dequantize_nf4_via_triton (the kernel cells' kernel through Triton's own launch)",
+                              "ours through Triton's own launch"),
     "unsloth_fused": Method("unsloth fused", "unsloth `fast_dequantize` (fused Triton, default)",
                             "unsloth.kernels.utils.fast_dequantize (default fused Triton path)", "the fused path"),
     "unsloth_classic": Method("unsloth classic", "unsloth classic path (bnb ctypes)",
@@ -147,7 +152,7 @@ METHODS = {  # every method the tables compare, keyed as in the result files
                               "the classic path"),
     "bnb": Method("bnb", "bnb `dequantize_4bit`", "bitsandbytes.functional.dequantize_4bit", "bnb"),
 }
-OURS = ("ours", "ours_no_fast_launch")
+OURS = ("ours", "ours_via_triton")
 BASELINES = ("unsloth_fused", "unsloth_classic", "bnb")
 SAME_KERNELS = {"unsloth_classic": "bnb"}  # the classic path launches bitsandbytes' own 3 kernels
 # The published procedure's cases: (bsz, qlen, hd, m, seed, dtype), in order.
@@ -157,6 +162,7 @@ PROCEDURE_CASES = ((2, 3333, 2048, 8192, 3407, torch.float16),
 # Weight shapes (out, in, dtype) timed kernel-only: the cases' gate and up weights, a 70B-class one.
 KERNEL_SHAPES = tuple((m, hd, dtype) for _, _, hd, m, _, dtype in PROCEDURE_CASES) + ((28672, 8192, torch.bfloat16),)
 PROCEDURE_METHOD = "wall clock (time.time) of the published procedure's timed loop"
+T4_COPY_GBS = 320  # a T4's datasheet bandwidth: the procedure's floor there is procedure_bytes() / this
 
 
 def column(name: str) -> str:
@@ -200,17 +206,50 @@ def _nf4_linear(in_features: int, out_features: int, dtype: torch.dtype, device:
 
 
 def make_layer(out_features: int, in_features: int, dtype: torch.dtype, device: str = "cuda", seed: int = 0):
-    """A bitsandbytes Linear4bit (NF4, double quantized) on device, its initial weights drawn from
-    `seed` (the caller's random state is left as it was)."""
+    """A bitsandbytes Linear4bit (NF4, double quantized) on device, weights drawn from `seed` (caller's RNG kept)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return _nf4_linear(in_features, out_features, dtype, device)
 
 
+# Without a GPU (the interpreter is slow): small weights, one whose rows are not whole 64-weight blocks
+CPU_SHAPES = ((256, 128, torch.float16), (64, 256, torch.bfloat16), (33, 96, torch.bfloat16))
+EXACTNESS_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def bitsandbytes_bits(layer) -> torch.Tensor:
+    """bitsandbytes' dequantization as its CUDA kernel computes it; on the CPU its generic code over the
+    flat weight (its CPU dequantize_4bit walks rows, wrong where a row is not whole blocks)."""
+    import bitsandbytes.functional as bnbf
+    W, qs = layer.weight, layer.weight.quant_state
+    if W.is_cuda:
+        return bnbf.dequantize_4bit(W, qs)
+    from bitsandbytes.backends.default.ops import _dequantize_4bit_compute as flat
+    absmax = bnbf.dequantize_blockwise(qs.absmax, qs.state2) + qs.offset
+    return getattr(flat, "__wrapped__", flat)(W.view(torch.uint8).reshape(-1), absmax, qs.code, qs.blocksize,
+                                              qs.shape, qs.dtype)
+
+
+def exactness(dequantize: Callable, shapes: Sequence[tuple], device: str) -> tuple[bool, list[list[str]], list]:
+    """torch.equal of `dequantize(layer)` and `bitsandbytes_bits` per (out, in, dtype) of `shapes`, in each
+    EXACTNESS_DTYPES: (all equal, per shape a row of "equal"/"DIFFERENT", per shape a layer in its dtype)."""
+    exact, rows, layers = True, [], []
+    for out_features, in_features, shape_dtype in shapes:
+        row = [f"{out_features}x{in_features}"]
+        for dtype in EXACTNESS_DTYPES:
+            layer = make_layer(out_features, in_features, dtype, device=device)
+            same = torch.equal(dequantize(layer), bitsandbytes_bits(layer))
+            exact &= same
+            row.append("equal" if same else "DIFFERENT")
+            if dtype == shape_dtype:
+                layers.append(layer)
+        rows.append(row)
+    return exact, rows, layers
+
+
 def import_unsloth_kernels():
-    """unsloth.kernels.utils without running unsloth's package __init__ (its whole training stack), or
-    None when unsloth is not installed; an error of the import is raised. The packages above it are
-    bare namespaces over their files during the import only; logging's disable level is restored."""
+    """unsloth.kernels.utils without running unsloth's __init__ (its training stack; None if not installed,
+    import errors raised): bare namespace packages during the import only; logging's disable level restored."""
     if "unsloth.kernels.utils" in sys.modules:
         return sys.modules["unsloth.kernels.utils"]
     stand_ins = {}
@@ -237,9 +276,8 @@ def import_unsloth_kernels():
 
 
 def dequantizers(ours: Callable) -> tuple[dict[str, Callable], dict[str, str]]:
-    """(methods, skipped): each NF4 dequantization of a Linear4bit this machine can run (`ours`, unsloth's
-    fused and classic paths, bitsandbytes' dequantize_4bit), and {name: reason} for each baseline it
-    cannot (unsloth's need a GPU and kernels that import): skipped, never raised."""
+    """(methods, skipped): each NF4 dequantization this machine can run (`ours`, unsloth fused and classic,
+    bnb dequantize_4bit), and {name: reason} for each baseline it cannot (skipped, never raised)."""
     import bitsandbytes.functional as bnbf
     methods, skipped = {"ours": ours}, {}
     utils, reason = None, "needs a CUDA GPU"
@@ -306,93 +344,58 @@ def mlp_with_weights(X, gate, up, down, act_fn):
     return (act_fn(X @ gate.t()) * (X @ up.t())) @ down.t()
 
 
-def make_case(case, device: str = "cuda", scale: int = 1):
-    """One procedure case, (seeded MLP, X), built as the procedure builds it (transformers' set_seed,
-    float32 default dtype), the caller's default dtype and random states restored. scale > 1
-    shrinks hd, m and qlen for CPU runs."""
-    from transformers import set_seed
-    bsz, qlen, hd, m, seed, dtype = case
-    with default_dtype(torch.float32), kept_random_state():
-        set_seed(seed)
-        mlp = MLP(hd // scale, m // scale, dtype, device)
-        X = torch.randn(bsz, max(1, qlen // scale), hd // scale, dtype=dtype, device=device)
-    return mlp, X
+def procedure_bytes(scale: int = 1, iterations: int = 1000) -> int:
+    """DRAM bytes one run of the procedure moves (601 GB): per call n/2 packed bytes, n/64 absmax codes
+    and an fp32 absmax2 per 16384 weights read, the output written; 3 calls (n = hd * m) an iteration."""
+    sizes = [((hd // scale) * (m // scale), dtype) for _, _, hd, m, _, dtype in PROCEDURE_CASES]
+    return sum(3 * iterations * (bytes_moved(n, dtype) + 4 * -(-n // (64 * 256))) for n, dtype in sizes)
 
 
-def warmup_checks(dequantize: Callable, reference: Callable, mlp: MLP, X: torch.Tensor, dtype):
-    """The procedure's two warm-up rounds: the MLP from `dequantize`'s weights matches the bnb module;
-    each quant state keeps bitsandbytes' layout, and each weight matches `reference`'s."""
-    for _ in range(2):
-        weights = [dequantize(layer) for layer in mlp.layers()]
-        torch.testing.assert_close(mlp_with_weights(X, *weights, mlp.act_fn), mlp(X), check_stride=True)
-        for layer, ours in zip(mlp.layers(), weights):
-            W, qs = layer.weight, layer.weight.quant_state
-            assert W.dtype == torch.uint8 and qs.absmax.dtype == torch.uint8, (W.dtype, qs.absmax.dtype)
-            assert qs.dtype == dtype, f"quant_state.dtype {qs.dtype} != {dtype}"
-            assert {qs.code.dtype, qs.offset.dtype, qs.state2.absmax.dtype, qs.state2.code.dtype} == {torch.float32}
-            assert qs.blocksize == 64 and qs.state2.blocksize == 256
-            theirs = reference(layer)
-            assert ours.dtype == theirs.dtype == dtype
-            torch.testing.assert_close(ours.t(), theirs.t(), check_stride=True)
-
-
-def timed_loop(dequantize: Callable, mlp: MLP, iterations: int = 1000) -> float:
-    """The procedure's timed part for one case: wall clock seconds of `iterations` rounds of up, gate,
-    down, each dequantized, transposed and synchronized."""
-    up, gate, down = mlp.up_proj, mlp.gate_proj, mlp.down_proj
-    sync = synchronize
-    start = time.time()
-    for _ in range(iterations):
-        dequantize(up).t()
-        sync()
-        dequantize(gate).t()
-        sync()
-        dequantize(down).t()
-        sync()
-    return time.time() - start
-
-
-def _inside_the_procedure(dequantize: Callable, mlp: MLP) -> dict:
-    """GPU and host time per call on one case's layers as the timed loop calls them: GPU time over 50
-    rounds of the loop itself (no L2 flush, as in the procedure); host time per call, GPU idle before."""
-    calls = 3 * 50
-    events = _profiled(lambda: timed_loop(dequantize, mlp, calls // 3))
-    layers = itertools.cycle(mlp.layers())
-    host = host_time(lambda: dequantize(next(layers)), calls=calls)
-    return {"gpu_us": sum(e.end_us - e.start_us for e in events) / calls, "gpu_kernels": len(events) / calls,
-            "host_us": host.median_us, "host_p20_us": host.p20_us, "host_p80_us": host.p80_us}
-
-
-def procedure_table(methods: dict[str, Callable], reference: Callable, repeats: int = 3,
-                    iterations: int = 1000, device: str = "cuda", scale: int = 1) -> dict:
-    """The published procedure for several methods side by side: per case the MLP is built once, every
-    method passes the warm-up checks on it, then their timed loops alternate, `repeats` times. Returns
-    per method the median, min, max and each run's total seconds, and per case its `calls`, median
-    seconds and wall-clock µs per call (on a GPU also `_inside_the_procedure`)."""
-    results = {name: {"runs_s": [0.0] * repeats, "cases": []} for name in methods}
-    for bsz, qlen, hd, m, seed, dtype in PROCEDURE_CASES:
-        mlp, X = make_case((bsz, qlen, hd, m, seed, dtype), device, scale)
-        with default_dtype(torch.float32):  # the procedure sets it per case
-            for dequantize in methods.values():
-                warmup_checks(dequantize, reference, mlp, X, dtype)
-            runs = {name: [] for name in methods}
-            for r in range(repeats):
-                for name, dequantize in methods.items():
-                    runs[name].append(timed_loop(dequantize, mlp, iterations))
-                    results[name]["runs_s"][r] += runs[name][-1]
-            for name, dequantize in methods.items():
-                case = {"case": f"{bsz}x{max(1, qlen // scale)}, {hd // scale}->{m // scale}",
-                        "weight": f"{m // scale}x{hd // scale}", "dtype": dtype_name(dtype),
-                        "calls": 3 * iterations, "median_s": _quantile(runs[name], 0.5)}
-                case["wall_us"] = case["median_s"] / case["calls"] * 1e6
-                if device == "cuda":
-                    case.update(_inside_the_procedure(dequantize, mlp))
-                results[name]["cases"].append(case)
-        del mlp, X
-    for result in results.values():
-        runs = result["runs_s"]
-        result.update(median_s=_quantile(runs, 0.5), min_s=min(runs), max_s=max(runs))
+def procedure_result(seconds: dict[str, list[list[float]]], iterations: int, scale: int = 1) -> dict:
+    """The procedure's table from seconds[method][case][round] (cases in PROCEDURE_CASES order, every
+    method in every round): per method the median, min and max of the rounds' totals over the cases
+    (`runs_s`, in round order), and per case its median seconds and wall clock per call."""
+    results = {}
+    for name, per_case in seconds.items():
+        runs = [sum(rounds) for rounds in zip(*per_case)]
+        cases = []
+        for (bsz, qlen, hd, m, _, dtype), rounds in zip(PROCEDURE_CASES, per_case):
+            hd, m, qlen = hd // scale, m // scale, qlen // scale
+            median = _quantile(rounds, 0.5)
+            cases.append({"case": f"{bsz}x{qlen}, {hd}->{m}", "weight": f"{m}x{hd}", "dtype": dtype_name(dtype),
+                          "calls": 3 * iterations, "median_s": median, "wall_us": median / (3 * iterations) * 1e6})
+        results[name] = {"median_s": _quantile(runs, 0.5), "min_s": min(runs), "max_s": max(runs), "runs_s": runs,
+                         "cases": cases}
     return results
+
+
+def round_ratios(procedure: dict, baseline: str, ours: str = "ours") -> dict:
+    """The puzzle's speedup, baseline time / ours, per round: the median over the rounds, min, max."""
+    ratios = [b / o for b, o in zip(procedure[baseline]["runs_s"], procedure[ours]["runs_s"])]
+    return {"median": _quantile(ratios, 0.5), "min": min(ratios), "max": max(ratios), "rounds": len(ratios)}
+
+
+def add_splits(procedure: dict, methods: dict[str, Callable], build_case: Callable, rounds: int = 50):
+    """Where a call's time goes, added to each case of `procedure` per method, on layers rebuilt by
+    `build_case(*case)`: GPU time over `rounds` rounds of the timed loop (up, gate, down, each .t() and
+    synchronized), profiled without an L2 flush as in the procedure; host time per call, GPU idle before it."""
+    calls = 3 * rounds
+    for c, case in enumerate(PROCEDURE_CASES):
+        mlp, _ = build_case(*case)
+        for name, result in procedure.items():
+            dequantize = methods[name]
+
+            def loop():
+                for _ in range(rounds):
+                    for layer in (mlp.up_proj, mlp.gate_proj, mlp.down_proj):
+                        dequantize(layer).t()
+                        synchronize()
+
+            events, layers = _profiled(loop), itertools.cycle(mlp.layers())
+            host = host_time(lambda: dequantize(next(layers)), calls=calls)
+            result["cases"][c].update(gpu_us=sum(e.end_us - e.start_us for e in events) / calls,
+                                      gpu_kernels=len(events) / calls, host_us=host.median_us,
+                                      host_p20_us=host.p20_us, host_p80_us=host.p80_us)
 
 
 def time_split(procedure: dict) -> list[dict]:
@@ -421,10 +424,12 @@ def saved_per_call(procedure: dict, baseline: str) -> dict | None:
 GPU_TIME_METHOD = ("GPU time: summed durations of every kernel, copy and memset one call launches "
                    "(CUPTI via torch.profiler), L2 flushed before each call")
 HOST_TIME_METHOD = "host time: perf_counter around one call issued with the GPU idle (synchronized before, untimed)"
-FLOOR_METHOD = ("torch.empty of the output plus one launch of a compiled one-store Triton kernel through "
-                "Triton's CompiledKernel launcher, stream given (compiled[grid](out, stream=s): no argument "
-                "binding, specialization or cache lookup; its hook check remains, ~2 us on an H200 over calling "
-                "the launcher's run directly, whose arguments change with Triton's version)")
+LAUNCH_REFERENCE_METHOD = (  # result files key it "floor", their older name for it: it is no lower bound
+    "torch.empty of the output plus one launch of a trivial compiled Triton kernel (16 stores) through Triton's "
+    "CompiledKernel launcher, stream given (compiled[grid](out, stream=s)): no argument binding, specialization or "
+    "cache lookup, but Triton's hook check (~2 µs on an H200 over calling the launcher's run directly)")
+FLUSH_KERNEL = "_l2_flush_before_timed_call"
+_FLUSHES: dict[int, L2Flush] = {}  # device index -> its flush, made on first use
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -436,8 +441,7 @@ def _quantile(values: Sequence[float], q: float) -> float:
 
 
 class Timing(NamedTuple):
-    """A time per call in µs: median, 20th and 80th percentiles over `samples` calls; `kernels`: the
-    GPU operations one call launches (GPU clocks only)."""
+    """A time per call in µs: median, p20 and p80 over `samples` calls; `kernels`: GPU operations per call."""
     median_us: float
     p20_us: float
     p80_us: float
@@ -473,9 +477,6 @@ def _l2_flush_before_timed_call(buffer_ptr, n_words, BLOCK: tl.constexpr):
     tl.store(buffer_ptr + offsets, tl.zeros([BLOCK], dtype=tl.int32), mask=offsets < n_words)
 
 
-FLUSH_KERNEL = "_l2_flush_before_timed_call"
-
-
 class L2Flush:
     """Evicts GPU `device`'s L2 cache when called. `l2_flush()` makes one per device and reuses it."""
     BLOCK = 4096
@@ -489,9 +490,6 @@ class L2Flush:
     def __call__(self):
         with torch.cuda.device(self.device):
             _l2_flush_before_timed_call[self.grid](self.buffer, self.buffer.numel(), BLOCK=self.BLOCK)
-
-
-_FLUSHES: dict[int, L2Flush] = {}  # device index -> its flush, made on first use
 
 
 def l2_flush() -> L2Flush:
@@ -508,9 +506,8 @@ def synchronize():
 
 
 def calls_between_flushes(events: Iterable[DeviceEvent]) -> list[list[DeviceEvent]]:
-    """The GPU operations of each timed call: those between one flush and the next (none before the
-    first flush or after the last belongs to a call). A call that launched nothing on the GPU is an
-    error: its time would silently read as zero."""
+    """The GPU operations of each timed call: those between one flush and the next (none before the first or
+    after the last belongs to a call). A call that launched nothing is an error: its time would read as zero."""
     calls, current = [], None
     for event in sorted(events):
         if FLUSH_KERNEL in event.name:
@@ -557,8 +554,7 @@ def profiled_calls(fn: Callable[[], object], calls: int, flush: L2Flush) -> list
 
 
 def gpu_samples(fn: Callable[[], object], calls: int, flush: L2Flush) -> tuple[list[float], int]:
-    """The GPU time of each of `calls` calls of fn (µs), L2 flushed before each, and how many GPU
-    operations one call launches (the most common count)."""
+    """The GPU time (µs) of each of `calls` calls of fn, L2 flushed before each, and GPU operations per call (mode)."""
     per_call = calls_between_flushes(profiled_calls(fn, calls, flush))
     if len(per_call) != calls:
         raise RuntimeError(f"{len(per_call)} calls found between flushes, {calls} were made")
@@ -648,8 +644,8 @@ def _store_16_zeros(out_ptr):
 
 
 def cpu_cost_table(methods: dict[str, Callable]) -> dict:
-    """Host time per call (HOST_TIME_METHOD) of every method on the procedure's first weight, beside the
-    floor (FLOOR_METHOD), torch.empty alone, and a standard Triton launch of the floor's kernel."""
+    """Host time per call (HOST_TIME_METHOD) of every method on the procedure's first weight, beside a reference
+    launch (LAUNCH_REFERENCE_METHOD, keyed "floor"), torch.empty alone, and Triton's own launch of its kernel."""
     out_features, in_features, dtype = KERNEL_SHAPES[0]
     size = torch.Size((out_features, in_features))
     layer = make_layer(out_features, in_features, dtype)
@@ -660,7 +656,7 @@ def cpu_cost_table(methods: dict[str, Callable]) -> dict:
     timed = {name: (lambda fn=fn: fn(layer)) for name, fn in methods.items()}
     timed.update(floor=lambda: direct(torch.empty(size, dtype=dtype, device="cuda"), stream=stream),
                  empty=lambda: torch.empty(size, dtype=dtype, device="cuda"), triton_launch=standard)
-    table = {"layer": f"{out_features}x{in_features} {dtype_name(dtype)}", "floor": FLOOR_METHOD}
+    table = {"layer": f"{out_features}x{in_features} {dtype_name(dtype)}", "floor": LAUNCH_REFERENCE_METHOD}
     for name, fn in timed.items():
         table.update(host_time(fn).fields(name))
     return table
@@ -769,7 +765,7 @@ def compile_claim(report: dict) -> str:
 
 
 # 5. Result files --------------------------------------------------------------------------------
-MEASUREMENT = {"kernel": GPU_TIME_METHOD, "host": HOST_TIME_METHOD, "floor": FLOOR_METHOD,
+MEASUREMENT = {"kernel": GPU_TIME_METHOD, "host": HOST_TIME_METHOD, "floor": LAUNCH_REFERENCE_METHOD,
                "procedure": PROCEDURE_METHOD}  # how each clock measures, in every result file
 
 
@@ -781,8 +777,7 @@ def results_dir(env: dict) -> Path:
 
 
 def shown_path(path: Path) -> str:
-    """A path as printed and stored: relative to the repository (results/<gpu>/x.json), never naming the
-    machine's directories."""
+    """A path as printed and stored: relative to the repository (results/<gpu>/x.json), never the machine's."""
     path = Path(path).resolve()
     try:
         return path.relative_to(ROOT).as_posix()

@@ -685,8 +685,9 @@ def plot(report: dict, path: Path):
     x = list(range(len(shapes)))
     keys = list(shapes[0]["ours"])
     with_unsloth = all("unsloth" in s for s in shapes)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 3.2 + 0.22 * len(keys)),
-                                      gridspec_kw={"width_ratios": (1, 1.15)})
+    # one above the other, 9 inches wide at 100 dpi, text 9 pt or more: read at its own size on GitHub and Colab
+    fig, (left, right) = plt.subplots(2, 1, figsize=(9, 4.6 + 0.26 * len(keys)), layout="constrained",
+                                      gridspec_kw={"height_ratios": (3.4, 1.2 + 0.26 * len(keys))})
     # left: effective bandwidth (bytes a dequantization moves / GPU time): copy kernel, unsloth, ours
     rec = report.get("recommendation") or recommend(report)
     series = [("copy kernel (same bytes, no math)", [s["copy"]["best_us"] for s in shapes], "0.6")]
@@ -702,28 +703,25 @@ def plot(report: dict, path: Path):
         left.bar([xi + (i - (len(series) - 1) / 2) * width for xi in x], values, width, label=name, color=color)
     left.set_ylim(0, top * 1.3)
     left.set_xticks(x, labels)
-    left.set_ylabel("GB/s: bytes a dequantization moves / GPU time")
+    left.set_ylabel("GB/s (bytes moved / GPU time)")
     left.set_title("sm_75 builds: effective bandwidth", fontsize=10)
-    left.legend(fontsize=8, loc="upper left", ncol=2)
+    left.legend(fontsize=9, loc="upper left", ncol=2)
     # right: unsloth's sm_75 time / ours, every candidate at every shape
     if with_unsloth:
         ratios = [[s["ours"][k]["vs_unsloth"] for s in shapes] for k in keys]
         spread = max(abs(r - 1) for row in ratios for r in row) or 0.1
-        image = right.imshow(ratios, cmap="RdBu", vmin=1 - spread, vmax=1 + spread, aspect="auto")
+        # the colour scale reaches past the data, so that every cell stays light enough for dark text
+        image = right.imshow(ratios, cmap="RdBu", vmin=1 - 1.6 * spread, vmax=1 + 1.6 * spread, aspect="auto")
         for row, values in enumerate(ratios):
             for col, value in enumerate(values):
-                right.text(col, row, f"{value:.2f}x", ha="center", va="center", fontsize=7.5,
-                           fontweight="bold" if value >= 1.15 else "normal",
-                           color="white" if abs(value - 1) > 0.6 * spread else "black")
+                right.text(col, row, f"{value:.2f}x", ha="center", va="center", fontsize=9,
+                           fontweight="bold" if value >= 1.15 else "normal", color="black")
         right.set_xticks(x, labels)
-        right.set_yticks(range(len(keys)), [describe(shapes[0]["ours"][k]["config"]) for k in keys], fontsize=7.5)
+        right.set_yticks(range(len(keys)), [describe(shapes[0]["ours"][k]["config"]) for k in keys], fontsize=9)
         right.set_title("unsloth's sm_75 time / ours, per candidate (bold: 1.15x or more)", fontsize=10)
-        fig.colorbar(image, ax=right, fraction=0.04)
-    fig.suptitle(TITLE.format(gpu=env["gpu"]) + f"\ndriver {env['driver']}, torch {env['torch']}, triton "
-                 f"{env['triton']}, bitsandbytes {env['bitsandbytes']}, unsloth {env['unsloth']}, {env['date']}",
-                 fontsize=9.5)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+        fig.colorbar(image, ax=right, fraction=0.04).set_label("unsloth's sm_75 time / ours", fontsize=9)
+    fig.suptitle(TITLE.format(gpu=env["gpu"]) + f"\n{helpers.versions_line(env, date=False)}", fontsize=11)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 

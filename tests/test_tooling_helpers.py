@@ -2,11 +2,9 @@
 baselines (a missing, failing or differing one is reported, never raised), the torch.compile claim,
 the score card and run clock, and the markdown tables (no line over MAX_LINE)."""
 import logging
-import random
 import sys
 import textwrap
 
-import numpy
 import pytest
 import torch
 
@@ -46,6 +44,24 @@ def test_environment_names_versions():
         assert env[key]
     line = helpers.versions_line(env)
     assert line.startswith(env["gpu"]) and f"torch {env['torch']}" in line and line.endswith(env["date"])
+    assert env["date"] not in helpers.versions_line(env, date=False)
+
+
+def test_versions_are_shown_without_hashes_and_kept_in_the_environment(monkeypatch, tmp_path):
+    # unsloth copied in without package metadata: named by its kernels/nf4.py, the sha256 kept beside it
+    (tmp_path / "unsloth" / "kernels").mkdir(parents=True)
+    nf4 = tmp_path / "unsloth" / "kernels" / "nf4.py"
+    nf4.write_text("# not unsloth's\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(helpers.importlib.metadata, "version", lambda package: (_ for _ in ()).throw(
+        helpers.importlib.metadata.PackageNotFoundError(package)) if package == "unsloth" else "1.0")
+    sha = helpers.hashlib.sha256(nf4.read_bytes()).hexdigest()
+    monkeypatch.setitem(helpers.UNSLOTH_NF4_SHA256, sha, "2026.10.9")
+    env = helpers.environment()
+    assert env["unsloth"] == "2026.10.9" and env["unsloth_nf4_sha256"] == sha
+    assert "unsloth 2026.10.9 ·" in helpers.versions_line(env) and sha not in helpers.versions_line(env)
+    older = {"gpu": "NVIDIA H200", "unsloth": "2026.10.9 (by kernels/nf4.py's sha256)", "date": "2026-11-22"}
+    assert helpers.versions_line(older, date=False) == "NVIDIA H200 · unsloth 2026.10.9"  # result files as written
 
 
 def test_procedure_cases_are_the_published_ones_and_the_kernel_shapes_theirs():
@@ -63,23 +79,6 @@ def test_every_method_has_its_names():
 # ---------------------------------------------------------------------------------------------
 # No hidden state
 # ---------------------------------------------------------------------------------------------
-def test_make_case_builds_as_the_procedure_and_restores_dtype_and_random_states():
-    case = helpers.PROCEDURE_CASES[1]
-    states = torch.random.get_rng_state(), random.getstate(), numpy.random.get_state()[1].copy()
-    mlp, X = helpers.make_case(case, "cpu", scale=16)
-    assert torch.equal(torch.random.get_rng_state(), states[0]) and random.getstate() == states[1]
-    assert (numpy.random.get_state()[1] == states[2]).all()
-    with helpers.default_dtype(torch.float64):
-        again, X_again = helpers.make_case(case, "cpu", scale=16)
-        assert torch.get_default_dtype() == torch.float64
-    assert torch.get_default_dtype() == torch.float32
-    # the caller's float64 default changed nothing: built as the procedure builds it
-    assert torch.equal(X, X_again)
-    for layer, other in zip(mlp.layers(), again.layers()):
-        assert torch.equal(layer.weight, other.weight)
-        assert torch.equal(layer.weight.quant_state.absmax, other.weight.quant_state.absmax)
-
-
 def test_make_layer_leaves_the_random_state_alone():
     state = torch.random.get_rng_state()
     first = helpers.make_layer(64, 128, torch.float16, device="cpu", seed=5)
@@ -262,8 +261,12 @@ def test_compile_report_table_shows_each_check_and_the_refusal():
     text = report.format_compile_report(t4)
     assert "| check | float16 | bfloat16 |" in text and "native bf16 for Inductor: no" in text
     assert "| compiled (fullgraph) | yes | no: Inductor refused, SkipFrame: BF16 is not supported |" in text
-    assert "| recompiled | no |  |" in text and "| mlp_max_abs_diff_to_eager | 0.004 |  |" in text
+    assert "| recompiled | no |  |" in text and "| MLP's largest absolute difference to eager | 0.004 |  |" in text
+    assert "| weights bit-identical to eager's | yes |  |" in text
+    assert not [key for key in _compiled() if "_" in key and key in text]  # the JSON's keys stay there
     assert max(map(len, text.splitlines())) <= helpers.MAX_LINE
+    expected_no = text.index("expected no")  # the "no" row comes after the words that explain it
+    assert -1 < text.index("emulate_precision_casts it rounds as eager does") < expected_no
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,24 +282,51 @@ def test_speedup_points_follow_the_marking(ratio, points):
     assert report.speedup_points(ratio) == points
 
 
-def test_score_card_adds_up_and_fits(capsys):
+MARKERS = (">", "- ", "+ ", "* ", "#", "=", "```")  # a line starting so is a blockquote, list item, heading...
+
+
+def _block_starts(markdown):
+    """Lines that start a Markdown block other than a paragraph or table, but the card's own evidence list."""
+    return [line for line in markdown.splitlines() if line.lstrip().startswith(MARKERS) and not line.startswith("- **")
+            or line.lstrip()[:3].rstrip(".) ").isdigit() and line.lstrip()[1:3] in (". ", ") ")]
+
+
+def test_wrap_leaves_no_markdown_block_marker_at_a_line_start():
+    rule = ("Speedup points: speedup = baseline time / ours over the published procedure; <= 1.00 gives -3, "
+            ">= 1.05 +1, >= 1.10 +3, >= 1.15 +5 and - a dash, + a plus, # a hash, 1. one, == twice and --- thrice.")
+    for width in range(60, 121):
+        for text in (rule, "x " * width + rule):
+            lines = report.wrap(text).splitlines()
+            assert len(lines) > 1 and max(map(len, lines)) <= helpers.MAX_LINE
+            assert not _block_starts("\n".join(lines[1:])), lines
+            assert " ".join(lines).split() == text.split()  # nothing lost, nothing added
+    old = helpers.wrap(rule)  # the plain textwrap this replaces put '>= 1.15 +5' at a line's start
+    assert old.splitlines()[1].startswith(">=")
+
+
+def test_score_card_adds_up_shows_whole_evidence_and_fits(capsys):
     card = report.ScoreCard(ENV, "unsloth_fused")
     assert report.MAX_SCORE == 14
     card.show()  # no notebook here: printed
-    first = " ".join(capsys.readouterr().out.split())  # the subtitle wraps at MAX_LINE
+    first = capsys.readouterr().out
     assert "**Score card, this run: 0 / 14**" in first and "not measured yet" in first
-    assert "Tesla T4 · torch 2.11.0 · triton 3.6.0 · bitsandbytes 0.50.2 · unsloth 2026.10.9" in first
+    assert first.count("Tesla T4 · torch 2.11.0 · triton 3.6.0 · bitsandbytes 0.50.2 · unsloth 2026.10.9") == 1
     assert "Baseline: unsloth `fast_dequantize` (fused Triton, default)" in first
+    assert "Run all" not in first  # no lap yet: no time to show
     card.set("single_kernel", 3, "1 GPU operation per call at every shape")
     card.speedup(1.12, "fused path 0.71 s / ours 0.63 s, median of 3")
     card.set("torch_compile", -1, "bf16 refused by Inductor on this GPU")
-    card.set("fp16_bf16", 1, "bit-exact in fp16, bf16 and fp32 | the | procedure's checks passed " * 4)
+    evidence = "bit-exact in fp16, bf16 and fp32 | the | procedure's checks passed >= 1.15 - # " * 4
+    card.set("fp16_bf16", 1, evidence)
     assert card.total() == 3 + 3 - 1 + 1
     text = card.markdown()
-    assert "| speedup (-3 to +5) | +3 | 1.12x; fused path 0.71 s / ours 0.63 s, median of 3 |" in text
-    assert "| **total** | **6 / 14** | 4 of 6 filled in |" in text
+    assert "| speedup (-3 to +5) | +3 |" in text and "| **total** (4 of 6 measured) | **6 / 14** |" in text
+    assert "- **speedup (-3 to +5)**: 1.12x; fused path 0.71 s / ours 0.63 s, median of 3" in text
     assert max(map(len, text.splitlines())) <= helpers.MAX_LINE
-    assert "…" in text and card.as_dict()["criteria"]["fp16_bf16"]["evidence"].count("procedure's") == 4
+    assert "…" not in text and " ".join(text.split()).count(" ".join(evidence.split())) == 1  # wrapped, whole
+    assert not _block_starts(text), _block_starts(text)
+    assert "<= 1.00" not in text and "at least 1.15: +5" in text
+    assert card.as_dict()["criteria"]["fp16_bf16"]["evidence"].count("procedure's") == 4
     assert capsys.readouterr().out == ""  # outside a notebook only show() prints
     with pytest.raises(ValueError, match="single_kernel gives one of"):
         card.set("single_kernel", 2, "not a mark the puzzle gives")
@@ -305,32 +335,58 @@ def test_score_card_adds_up_and_fits(capsys):
     assert card.as_dict()["total"] == 6 and card.as_dict()["max"] == 14
 
 
-def test_score_card_updates_its_notebook_displays(monkeypatch):
-    shown = []
+def test_score_card_names_a_gpu_without_bf16_once_on_the_card():
+    t4 = dict(ENV, capability="7.5")
+    assert "No bf16 instructions" in report.ScoreCard(t4, "bnb").markdown()
+    assert "bf16" not in report.device_note(dict(ENV, capability="9.0")) and report.device_note(ENV) == ""
 
-    class Handle:
-        def update(self, markdown):
-            shown.append(markdown.data)
 
-    monkeypatch.setattr(report, "show", lambda markdown, display_id=False: Handle())
+class _Display:
+    """IPython's display, as a notebook has it: each display an output, updated in place by its id."""
+
+    def __init__(self, monkeypatch):
+        import IPython
+        import IPython.display
+        self.outputs = []
+        monkeypatch.setattr(IPython, "get_ipython", lambda: object())
+        monkeypatch.setattr(IPython.display, "display", self.display)
+
+    def display(self, obj, display_id=None):
+        self.outputs.append(obj)
+        outputs, index = self.outputs, len(self.outputs) - 1
+
+        class Handle:
+            def update(self, new):
+                outputs[index] = new
+        return Handle() if display_id else None
+
+
+def test_score_card_is_one_display_updated_in_place(monkeypatch, capsys):
+    shown = _Display(monkeypatch)
     card = report.ScoreCard(ENV, "bnb")
-    card.show()
+    card.show()  # the top cell
     card.set("asm", 3, "inline PTX mul.rn / add.rn")
     card.lap("Correctness")
-    assert len(shown) == 2 and "| custom asm that works (+3) | +3 | inline PTX mul.rn / add.rn |" in shown[-1]
+    card.show()  # the end: the same display, brought up to date, no second copy
+    assert len(shown.outputs) == 1
+    final = shown.outputs[0]
+    assert "- **custom asm that works (+3)**: inline PTX mul.rn / add.rn" in final._repr_markdown_()
+    assert repr(final) == final._repr_markdown_()  # the plain-text fallback is the card, not '<... object>'
+    lap = capsys.readouterr().out.strip().splitlines()[-1]
+    assert lap.startswith("Correctness took") and lap.split("; ")[1] in repr(final)
 
 
-def test_run_clock_laps(capsys, monkeypatch):
+def test_the_card_and_the_last_lap_give_one_run_all_time(capsys, monkeypatch):
     now = [100.0]
     monkeypatch.setattr(report.time, "monotonic", lambda: now[0])
-    clock = report.RunClock()
-    now[0] = 112.34
-    clock.lap("Correctness")
-    now[0] = 160.0
-    clock.lap("The procedure")
-    assert capsys.readouterr().out.splitlines() == ["Correctness took 12.3 s; Run all so far 12 s",
-                                                    "The procedure took 47.7 s; Run all so far 60 s"]
-    assert clock.elapsed_s() == 60.0
+    card = report.ScoreCard(ENV, "bnb")
+    now[0] = 149.4
+    card.lap("torch.compile, PTX and eviction")
+    now[0] = 154.2  # time passes after the lap: the card still shows the lap's figure
+    assert capsys.readouterr().out.strip().endswith("Run all so far 49 s")
+    assert "Run all so far 49 s (to the end of torch.compile, PTX and eviction)." in card.markdown()
+    assert "54 s" not in card.markdown()
+    assert card.as_dict()["laps"] == [["torch.compile, PTX and eviction", 49.4, 49.4]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,7 +397,7 @@ def test_markdown_table_escapes_and_aligns():
 
 
 def test_formatted_tables_show_every_method_and_fit():
-    rows, result = kernel_rows(), procedure(with_no_fast_launch=True)
+    rows, result = kernel_rows(), procedure()
     cost = {f"{m}_{k}": 10.0 + i for i, m in enumerate([*METHODS, "floor", "empty", "triton_launch"])
             for k in ("us", "p20_us", "p80_us")}
     cost["layer"] = "8192x2048 float16"
@@ -354,17 +410,40 @@ def test_formatted_tables_show_every_method_and_fit():
     assert "| 8192x2048 fp16 | 13.00 | 14.04 (1.08x) | 24.70 (1.90x) | 24.96 (1.92x) | 12.09 |" in texts["kernel"]
     assert "| 4096x1024 bf16 | 2638 | 2442 | 1388 | 1374 | 2836 | 93.0% |" in texts["kernel"]  # GB/s, ceiling / ours
     assert "| 8192x2048 fp16 | 14.00 | 15.04 | no capture | 25.96 | 13.09 |" in texts["graph"]  # benchmark.py's
-    ours = result["ours"]["median_s"]
-    no_fast = result["ours_no_fast_launch"]["median_s"]
-    fused = result["unsloth_fused"]["median_s"]
-    assert "| method | seconds | min - max | time / ours | time / ours, no fast launch |" in texts["procedure"]
-    assert f"| unsloth fused | {fused:.4f} |" in texts["procedure"]
-    assert f"{fused / ours:.2f}x | {fused / no_fast:.2f}x |" in texts["procedure"]
-    assert f"| ours, no fast launch | {no_fast:.4f} |" in texts["procedure"]
+    fused, ratios = result["unsloth_fused"], helpers.round_ratios(result, "unsloth_fused")
+    assert "| method | seconds, median | min - max | speedup, median | min - max |" in texts["procedure"]
+    assert (f"| unsloth fused | {fused['median_s']:.4f} | {fused['min_s']:.4f} - {fused['max_s']:.4f} | "
+            f"{ratios['median']:.2f}x | {ratios['min']:.2f}x - {ratios['max']:.2f}x |") in texts["procedure"]
+    assert f"| ours | {result['ours']['median_s']:.4f} |" in texts["procedure"]
+    assert "in 5 round(s)" in " ".join(texts["procedure"].split())
     assert texts["split"].count("| unsloth classic |") == 3  # two cases, one saving
     assert "| against | saved | kernel | launch path |" in texts["split"]
-    assert "| floor: torch.empty + compiled launch | 14.00 |" in texts["cost"]
+    assert "| reference: torch.empty + one launch of a trivial kernel | 14.00 |" in texts["cost"]
     assert report.format_time_split({"ours": {"median_s": 1.0}}) == ""
+
+
+def test_host_time_table_calls_its_reference_no_floor():
+    cost = {f"{m}_{k}": v for m, v in (("ours", 18.0), ("floor", 22.5), ("empty", 10.7), ("triton_launch", 18.4))
+            for k, v in (("us", v), ("p20_us", v * 0.95), ("p80_us", v * 1.05))}
+    text = report.format_cpu_cost(dict(cost, layer="8192x2048 float16"), ["ours"])
+    assert "floor" not in text.lower() and "| call | µs, median | p20 - p80 | / reference |" in text
+    assert "| ours | 18.00 | 17.10 - 18.90 | 0.80x |" in text  # below the reference: it is no lower bound
+    assert helpers.LAUNCH_REFERENCE_METHOD in " ".join(text.split())
+    assert max(map(len, text.splitlines())) <= helpers.MAX_LINE
+
+
+def test_time_split_table_shows_overlap_and_nothing_negative():
+    result = procedure()
+    text = report.format_time_split(result)
+    split = [line for line in text.splitlines() if line.startswith("| ") and "x" in line.split(" | ")[0]]
+    assert text.count("| weight | method | wall | GPU | host | overlap | rest |") == 1
+    rows = helpers.time_split(result)
+    assert len(split) >= len(rows) and any(r["rest_us"] < 0 for r in rows)  # the data has overlap to show
+    for row, line in zip(rows, split):
+        wall, gpu, host, overlap, rest = map(float, line.strip("| ").split(" | ")[2:])
+        assert min(wall, gpu, host, overlap, rest) >= 0 and overlap * rest == 0
+        assert wall == pytest.approx(gpu + host - overlap + rest, abs=0.2)
+        assert overlap == pytest.approx(max(0.0, -row["rest_us"]), abs=0.05)
 
 
 def test_a_package_whose_import_raises_is_reported_in_the_environment(tmp_path, monkeypatch):

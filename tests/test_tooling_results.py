@@ -22,7 +22,7 @@ def test_write_results_names_its_clocks_and_prints_a_relative_path(tmp_path, mon
     written = json.loads((tmp_path / shown).read_text())
     assert written["kernel"][1]["bnb_us"] == kernel_rows()[1]["bnb_us"]
     assert written["measurement"]["kernel"] == helpers.GPU_TIME_METHOD
-    assert written["measurement"]["floor"] == helpers.FLOOR_METHOD
+    assert written["measurement"]["floor"] == helpers.LAUNCH_REFERENCE_METHOD
     helpers.write_results(tmp_path / "g.json", {}, measurement={**helpers.MEASUREMENT, "graph": "replay"})
     assert json.loads((tmp_path / "g.json").read_text())["measurement"]["graph"] == "replay"  # benchmark.py's
     assert helpers.shown_path(tmp_path.parent / "elsewhere.json") == "elsewhere.json"
@@ -57,9 +57,10 @@ def test_headline_from_gpu_time_results(tmp_path):
     source = _results_dir(tmp_path, with_split=True)
     text = benchmark.headline(source, "notebook")
     procedure, rows = make_procedure(), kernel_rows()
-    ours = procedure["ours"]["median_s"]
     for base in METHODS[1:]:
-        assert f"{procedure[base]['median_s']:.3f} (**{procedure[base]['median_s'] / ours:.2f}x**)" in text
+        r = helpers.round_ratios(procedure, base)
+        assert (f"{procedure[base]['median_s']:.3f}, **{r['median']:.2f}x** ({r['min']:.2f}–{r['max']:.2f}x "
+                "over 5 rounds)") in text
         split = helpers.saved_per_call(procedure, base)
         assert f"{split['saved_us']:.1f} = {split['kernel_us']:.1f} + {split['launch_path_us']:.1f}" in text
     assert "CUPTI" in text and "do_bench" not in text
@@ -67,14 +68,19 @@ def test_headline_from_gpu_time_results(tmp_path):
     kernel_ratios = [r["unsloth_fused_us"] / r["ours_us"] for r in rows]
     assert f"kernel ratios {min(kernel_ratios):.2f}x to {max(kernel_ratios):.2f}x" in text
     assert "On a T4" in text and "the notebook run committed here" in text
-    assert "Run all took" not in text  # these results carry no score card
+    assert "Run all took" not in text and "Peak GPU memory" not in text  # no score card, no memory
+    assert "multiple of this GPU's floor" not in text  # no copy bandwidth in these results
+    assert "601 GB / 320 GB/s = 1.88 s" in text  # what a T4 should give: arithmetic
     results = json.loads((tmp_path / "notebook.json").read_text())
-    results["score"] = {"total": 13, "max": 14, "run_all_s": 300.0}
-    results["procedure"]["ours_no_fast_launch"] = dict(results["procedure"]["ours"], median_s=0.5)
+    results.update(score={"total": 13, "max": 14, "run_all_s": 300.0}, peak_memory_gib=3.665,
+                   device_copy_gbs=4000.0)
     (tmp_path / "notebook.json").write_text(json.dumps(results))
     text = benchmark.headline(source, "notebook")
     assert "Run all took 5.0 minutes there; its score card: 13 / 14." in text
-    assert "| the same, ours without the fast-launch cell, s | 0.500 |" in text
+    assert "Peak GPU memory allocated: 3.67 GiB" in text
+    floor_s = helpers.procedure_bytes() / 1e9 / 4000.0
+    assert (f"| the procedure as a multiple of this GPU's floor (601 GB / 4000 GB/s device copy = {floor_s:.3f} s) | "
+            + " | ".join(f"{procedure[m]['median_s'] / floor_s:.2f}x" for m in METHODS) + " |") in text
 
 
 def test_headline_from_older_results_names_their_clock(tmp_path):
@@ -130,9 +136,9 @@ def test_readme_commands_are_what_ci_runs():
 def test_headline_columns_are_the_baselines_only(tmp_path):
     results = {"environment": {"gpu": "Synthetic GPU", "driver": "1", "torch": "2", "triton": "3",
                                "bitsandbytes": "4", "unsloth": "5", "date": "today"},
-               "procedure": make_procedure(with_no_fast_launch=True), "kernel": kernel_rows(),
+               "procedure": dict(make_procedure(), ours_via_triton=make_procedure()["ours"]), "kernel": kernel_rows(),
                "measurement": {"kernel": helpers.GPU_TIME_METHOD}}
     (tmp_path / "notebook.json").write_text(json.dumps(results))
     text = benchmark.headline(str(tmp_path), "readme")
     assert "| | " + " | ".join(helpers.METHODS[m].name for m in METHODS) + " |" in text
-    assert "fast launch" not in text
+    assert "Triton's own launch" not in text and "fast launch" not in text

@@ -84,20 +84,95 @@ def test_results_without_the_split_have_none():
     assert helpers.saved_per_call(procedure, "bnb") is None
 
 
-def test_procedure_on_the_cpu_keeps_the_callers_default_dtype():
+def test_procedure_result_sums_each_round_over_the_cases():
+    # seconds[method][case][round]; the speedup is taken round by round, not from the medians
+    seconds = {"ours": [[1.0, 2.0, 1.0], [0.5, 0.5, 0.7], [2.0, 2.0, 2.0]],
+               "bnb": [[3.0, 3.0, 3.3], [1.0, 1.5, 1.0], [6.0, 5.0, 6.0]]}
+    result = helpers.procedure_result(seconds, iterations=10, scale=16)
+    assert result["ours"]["runs_s"] == [3.5, 4.5, 3.7] and result["bnb"]["runs_s"] == [10.0, 9.5, 10.3]
+    assert (result["ours"]["median_s"], result["ours"]["min_s"], result["ours"]["max_s"]) == (3.7, 3.5, 4.5)
+    assert [c["weight"] for c in result["ours"]["cases"]] == ["512x128", "256x64", "896x256"]
+    assert [c["case"] for c in result["bnb"]["cases"]] == ["2x208, 128->512", "5x48, 64->256", "3x128, 256->896"]
+    assert [c["median_s"] for c in result["bnb"]["cases"]] == [3.0, 1.0, 6.0]
+    assert all(c["calls"] == 30 and c["wall_us"] == pytest.approx(c["median_s"] / 30 * 1e6)
+               for c in result["bnb"]["cases"])
+    ratios = helpers.round_ratios(result, "bnb")
+    assert ratios == {"median": pytest.approx(10.3 / 3.7), "min": pytest.approx(9.5 / 4.5),
+                      "max": pytest.approx(10 / 3.5), "rounds": 3}
+    assert ratios["median"] != pytest.approx(result["bnb"]["median_s"] / result["ours"]["median_s"])
+
+
+def test_the_procedures_bytes_are_601_gb():
+    # per call n/2 packed bytes, n/64 absmax codes, 4 bytes of absmax2 per 16384 weights, 2n written
+    expected = sum(3000 * (hd * m / 2 + hd * m / 64 + 4 * hd * m / 16384 + 2 * hd * m)
+                   for _, _, hd, m, _, _ in helpers.PROCEDURE_CASES)
+    assert helpers.procedure_bytes() == pytest.approx(expected, rel=1e-9)
+    assert round(helpers.procedure_bytes() / 1e9) == 601
+    assert round(helpers.procedure_bytes() / 1e9 / helpers.T4_COPY_GBS, 2) == 1.88
+
+
+def test_the_floor_table(tmp_path):
+    import report
+    from tooling_data import procedure
+    result = procedure()
+    text = report.format_floor(result, helpers.procedure_bytes(), 4000.0)
+    floor_s = helpers.procedure_bytes() / 1e9 / 4000.0
+    flat = " ".join(text.split())
+    assert f"601 GB / 4000 GB/s = {floor_s:.3f} s" in flat and "601 GB / 320 GB/s = 1.88 s" in flat
+    for name, r in result.items():
+        assert f"| {helpers.METHODS[name].column} | {r['median_s']:.3f} | {r['median_s'] / floor_s:.2f}x |" in text
+    without_gpu = report.format_floor(None, helpers.procedure_bytes(), None)
+    assert "|" not in without_gpu and "601 GB / 320 GB/s = 1.88 s" in " ".join(without_gpu.split())
+    assert max(map(len, (text + "\n" + without_gpu).splitlines())) <= helpers.MAX_LINE
+
+
+@pytest.fixture(scope="module")
+def procedure_cell():
+    from kernel_cells import load_procedure_cell
+    return load_procedure_cell()
+
+
+def _bnb(layer):
     import bitsandbytes.functional as bnbf
-    bnb = lambda layer: bnbf.dequantize_4bit(layer.weight, layer.weight.quant_state)
-    with helpers.default_dtype(torch.float64):
-        procedure = helpers.procedure_table({"bnb": bnb}, bnb, repeats=2, iterations=2, device="cpu", scale=16)
-        assert torch.get_default_dtype() == torch.float64
-    result = procedure["bnb"]
-    assert len(result["runs_s"]) == 2 and result["min_s"] <= result["median_s"] <= result["max_s"]
-    assert [c["weight"] for c in result["cases"]] == ["512x128", "256x64", "896x256"]
-    for case in result["cases"]:
-        assert case["calls"] == 6 and case["wall_us"] == pytest.approx(case["median_s"] / 6 * 1e6)
-        assert "gpu_us" not in case  # the split needs a GPU
-    # the median of two runs is their mean: the cases' medians add up to the mean total
-    assert sum(c["median_s"] for c in result["cases"]) == pytest.approx(sum(result["runs_s"]) / 2)
+    return bnbf.dequantize_4bit(layer.weight, layer.weight.quant_state)
+
+
+def test_the_procedure_cell_builds_a_case_as_the_procedure_does(procedure_cell):
+    from transformers import set_seed
+    case = helpers.PROCEDURE_CASES[1]
+    torch.set_default_dtype(torch.float64)
+    try:
+        mlp, X = procedure_cell.build_case(*case, scale=16)
+        assert torch.get_default_dtype() == torch.float32  # the procedure sets it, per case
+        # the same seed, the layers built first, then X: the procedure's order of random draws
+        set_seed(case[4])
+        again = helpers.MLP(case[2] // 16, case[3] // 16, case[5], "cpu")
+        assert torch.equal(X, torch.randn(case[0], case[1] // 16, case[2] // 16, dtype=case[5]))
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert [tuple(layer.weight.quant_state.shape) for layer in mlp.layers()] == [(256, 64), (256, 64), (64, 256)]
+    for layer, other in zip(mlp.layers(), again.layers()):
+        assert torch.equal(layer.weight, other.weight)
+
+
+def test_the_procedure_cell_times_every_method_in_rotated_rounds(procedure_cell):
+    order = []
+    methods = {name: (lambda layer, name=name: order.append(name) or _bnb(layer)) for name in ("a", "b", "c")}
+    result = procedure_cell.test_dequantize(methods, _bnb, rounds=3, iterations=1, scale=16)
+    assert set(result) == {"a", "b", "c"} and all(len(r["runs_s"]) == 3 for r in result.values())
+    assert [c["weight"] for c in result["a"]["cases"]] == ["512x128", "256x64", "896x256"]
+    # per case: two warm-up rounds of 3 weights each method, then the rounds, each method's 3 calls in turn
+    timed = [name for i, name in enumerate(order) if i % (2 * 3 * 3 + 3 * 3 * 3) >= 2 * 3 * 3]
+    assert timed[::3][:9] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+
+
+def test_the_procedure_cell_warm_up_rejects_a_wrong_weight(procedure_cell):
+    mlp, X = procedure_cell.build_case(*helpers.PROCEDURE_CASES[0], scale=16)
+    procedure_cell.warm_up(_bnb, _bnb, mlp, X, torch.float16)  # the reference passes its own checks
+    with pytest.raises(AssertionError):
+        procedure_cell.warm_up(lambda layer: _bnb(layer) * 1.01, _bnb, mlp, X, torch.float16)
+    with pytest.raises(AssertionError):  # the weight itself, not transposed: its strides differ
+        procedure_cell.warm_up(lambda layer: _bnb(layer).t().contiguous().t(), _bnb, mlp, X, torch.float16)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,7 +254,10 @@ def test_the_procedure_split_on_the_gpu(kernel):
     import bitsandbytes.functional as bnbf
     methods = {"ours": kernel.triton_dequantize_nf4,
                "bnb": lambda layer: bnbf.dequantize_4bit(layer.weight, layer.weight.quant_state)}
-    procedure = helpers.procedure_table(methods, methods["bnb"], repeats=1, iterations=20, scale=4)
+    from kernel_cells import load_procedure_cell
+    cell = load_procedure_cell()
+    procedure = cell.test_dequantize(methods, methods["bnb"], rounds=1, iterations=20, scale=4)
+    helpers.add_splits(procedure, methods, lambda *case: cell.build_case(*case, scale=4))
     for case in procedure["ours"]["cases"]:
         assert case["gpu_kernels"] == 1.0 and 0 < case["gpu_us"] < case["wall_us"]
         assert 0 < case["host_us"] < case["wall_us"]
@@ -191,7 +269,7 @@ def test_the_procedure_split_on_the_gpu(kernel):
 @pytest.mark.gpu
 def test_cpu_cost_floor_is_a_compiled_launch(kernel):
     table = helpers.cpu_cost_table({"ours": kernel.triton_dequantize_nf4})
-    assert table["floor"] == helpers.FLOOR_METHOD
+    assert table["floor"] == helpers.LAUNCH_REFERENCE_METHOD
     for name in ("ours", "floor", "empty", "triton_launch"):
         assert 0 < table[f"{name}_p20_us"] <= table[f"{name}_us"] <= table[f"{name}_p80_us"]
 

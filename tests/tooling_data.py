@@ -1,5 +1,5 @@
-"""Synthetic results for the tooling tests: kernel_table rows and a procedure_table result shaped as
-the GPU makes them, with numbers as wide as the real ones."""
+"""Synthetic results for the tooling tests: kernel_table rows and a procedure result
+(helpers.procedure_result) shaped as the GPU makes them, with numbers as wide as the real ones."""
 METHODS = ["ours", "unsloth_fused", "unsloth_classic", "bnb"]
 SHAPES = (("8192x2048", "float16"), ("4096x1024", "bfloat16"), ("28672x8192", "bfloat16"))
 
@@ -23,11 +23,14 @@ def kernel_rows():
     return rows
 
 
-def procedure(with_no_fast_launch=False):
-    """Per method two cases; `rest` is negative for the three-kernel paths, as measured."""
-    names = METHODS[:1] + ["ours_no_fast_launch"] * with_no_fast_launch + METHODS[1:]
+ROUND_NOISE = (1.0, 0.97, 1.05, 0.99, 1.02)  # per round, times each method's own factor below
+
+
+def procedure():
+    """Per method two cases and five rounds whose times vary, so that each round's ratio differs;
+    `rest` is negative for the three-kernel paths, as measured."""
     result = {}
-    for j, name in enumerate(names):
+    for j, name in enumerate(METHODS):
         cases = []
         for k, (weight, dtype) in enumerate(SHAPES[:2]):
             wall = 30.0 + 10 * j + 5 * k
@@ -37,6 +40,7 @@ def procedure(with_no_fast_launch=False):
                           "median_s": wall * 3000 / 1e6, "wall_us": wall, "gpu_us": gpu, "host_us": host,
                           "gpu_kernels": 1.0})
         total = sum(c["median_s"] for c in cases)
-        result[name] = {"median_s": total, "min_s": total * 0.99, "max_s": total * 1.02, "runs_s": [total] * 3,
+        runs = [total * noise ** (1 + j) for noise in ROUND_NOISE]
+        result[name] = {"median_s": sorted(runs)[2], "min_s": min(runs), "max_s": max(runs), "runs_s": runs,
                         "cases": cases}
     return result
