@@ -17,6 +17,7 @@ bitsandbytes on the GPU this runs on; print the tables and write results/<gpu>/b
 from __future__ import annotations
 
 import argparse
+import inspect
 import itertools
 import json
 import re
@@ -30,7 +31,7 @@ import helpers
 import report
 
 sys.path.insert(0, str(helpers.ROOT / "tests"))
-from kernel_cells import NOTEBOOK, load_kernel_cells  # noqa: E402  (tests/: the notebook's kernel cells)
+from kernel_cells import NOTEBOOK, load_kernel_cells, load_procedure_cell  # noqa: E402  (tests/: its cells)
 
 # Candidate launch configurations: (weights per program, num_warps, LOOKUP, STREAM), each tried
 # for every size. The sweep behind the shipped table: results/<gpu>/sweep.json.
@@ -71,59 +72,104 @@ def sweep(kernel, capability):
 
 
 HOST_COST_FLOOR = ("torch.empty of the output plus Triton's C launcher called with the arguments Triton passed it, "
-                   "nothing checked (the fast launch's recorded launch line, allocating with torch.empty)")
+                   "nothing checked (a plan's own recorded launch, allocating with torch.empty)")
 FIXED_CALL = ("the compiled launcher's Python entry called directly with the same arguments, nothing checked "
               "(unsloth's triton_launch.py style), allocating with torch.empty_strided as the replay does")
+FIRST_CALL = ("a weight's first call with its kernel compiled: validation, Triton's launch with its C launch "
+              "recorded, the plan made (the plan dropped before each call)")
 
 
 def _unchecked(plan, kernel, W, q) -> dict:
-    """The floor (HOST_COST_FLOOR), the replay alone and the fixed call (FIXED_CALL), built from a plan that the
-    fast-launch cell wrote for W: its own allocation and launch lines with its checks left out."""
-    names, out = dict(plan.__globals__), plan(W, q)
-    lines = [line.strip() for line in names["source"].splitlines()]
-    allocate, launch = (next(line for line in lines if line.startswith(start)) for start in ("new = ", "launch("))
+    """The floor (HOST_COST_FLOOR), the replay alone and the fixed call (FIXED_CALL), built from W's plan: its own
+    allocation and launch, read from the plan's closure, with its checks left out."""
+    out, v = plan(W, q), inspect.getclosurevars(plan).nonlocals
+    launch, head, middle, tail, index, j = (v[name] for name in ("launch", "head", "middle", "tail", "gpu", "j"))
+    size, stride, dtype, device, stream = v["size"], v["stride"], v["dtype"], v["device"], torch._C._cuda_getCurrentRawStream
+
+    def launch_into(new):
+        if j is None:
+            launch(*head, stream(index), *middle, new.data_ptr(), *tail)
+        else:
+            launch(*head, stream(index), *middle, (*v["before"], new.data_ptr(), *v["after"]), *tail)
+        return new
+
     layout = kernel.nf4_layout(W, q)
     capability = kernel.device_capability(out.device)
     config = kernel.launch_config(layout, capability)
     grid, args, constexprs, options = kernel.launch_arguments(layout, out, config, capability)
     compiled = kernel._dequantize_4bit_kernel[grid](*args, **constexprs, **options)
-    tail = [constexprs[name] for name in kernel._dequantize_4bit_kernel.arg_names[len(args):]]
-    tail = tail if kernel.TRITON_VERSION >= (3, 3) else []  # Triton 3.2's launcher takes no constexprs
+    constants = [constexprs[name] for name in kernel._dequantize_4bit_kernel.arg_names[len(args):]]
+    constants = constants if kernel.TRITON_VERSION >= (3, 3) else []  # Triton 3.2's launcher takes no constexprs
     addresses, at = [a.data_ptr() if torch.is_tensor(a) else a for a in args], [a is out for a in args].index(True)
-    names.update(torch=torch, size=tuple(out.shape), stride=out.stride(), index=out.device.index, run=compiled.run,
-                 function=compiled.function, metadata=compiled.packed_metadata, grid=(*grid, 1, 1)[:3],
-                 before=addresses[:at], after=[*addresses[at + 1:], *tail])
-    exec(f"def floor():\n new = torch.empty(size, dtype=dtype, device=device)\n {launch}\n return new\n"
-         f"def replay():\n {allocate}\n {launch}\n return new\n"
-         "def fixed_call():\n new = torch.empty_strided(size, stride, dtype=dtype, device=device)\n"
-         " run(*grid, stream(index), function, metadata, None, None, None, *before, new.data_ptr(), *after)\n"
-         " return new\n", names)
-    return {name: names[name] for name in ("floor", "replay", "fixed_call")}
+    before, after, grid3 = addresses[:at], [*addresses[at + 1:], *constants], (*grid, 1, 1)[:3]
+
+    def fixed_call():
+        new = torch.empty_strided(size, stride, dtype=dtype, device=device)
+        compiled.run(*grid3, stream(index), compiled.function, compiled.packed_metadata, None, None, None,
+                     *before, new.data_ptr(), *after)
+        return new
+
+    return {"floor": lambda: launch_into(torch.empty(size, dtype=dtype, device=device)),
+            "replay": lambda: launch_into(torch.empty_strided(size, stride, dtype=dtype, device=device)),
+            "fixed_call": fixed_call}
+
+
+def _slow_path_parts(kernel, W, q) -> dict:
+    """The steps of a call the plans cannot take (dequantize_nf4_via_triton), each timed alone."""
+    layout = kernel.nf4_layout(W, q)
+    device = layout.packed.device
+    capability = kernel.device_capability(device)
+    config = kernel.launch_config(layout, capability)
+    out = torch.empty(layout.shape, dtype=layout.dtype, device=device)
+    grid, args, constexprs, options = kernel.launch_arguments(layout, out, config, capability)
+    return {"part: nf4_layout (validation)": lambda: kernel.nf4_layout(W, q),
+            "part: device_capability": lambda: kernel.device_capability(device),
+            "part: launch_config + launch_arguments": lambda: kernel.launch_arguments(
+                layout, out, kernel.launch_config(layout, capability), capability),
+            "part: torch.empty": lambda: torch.empty(layout.shape, dtype=layout.dtype, device=device),
+            "part: Triton's launch, kernel[grid](...)": lambda: kernel._dequantize_4bit_kernel[grid](
+                *args, **constexprs, **options)}
 
 
 def host_cost(old_notebook: Path, rounds: int = 9, calls: int = 1000) -> dict:
     """Host time per call (helpers.HOST_TIME_METHOD) of triton_dequantize_nf4 from these cells and from
     `old_notebook`'s, of the floor (HOST_COST_FLOOR), of the replay alone (the floor allocating with
-    torch.empty_strided, as a plan does) and of the fixed call (FIXED_CALL), in `rounds` interleaved rounds of
-    `calls`; the median of the round medians, on the procedure's first weight."""
-    new, old = load_kernel_cells(), load_kernel_cells(old_notebook, name="nf4_old_cells")
+    torch.empty_strided, as a plan does), of the fixed call (FIXED_CALL), of a weight's first call (FIRST_CALL),
+    of Triton's own launch path (dequantize_nf4_via_triton: what a call the plans cannot take costs), of its
+    parts, and of unsloth's fused path, in `rounds` interleaved rounds of `calls`; the median of the round
+    medians, on the procedure's first weight."""
+    new = load_kernel_cells()
+    old = load_kernel_cells(old_notebook, name="nf4_old_cells", tags=("kernel", "fast-launch", "model-patch"))
     layer = helpers.make_layer(*helpers.KERNEL_SHAPES[0])
     W, q = layer.weight, layer.weight.quant_state
     for cells in (new, old):
         assert torch.equal(cells.triton_dequantize_nf4(layer), cells.triton_dequantize_nf4(layer))
+    methods, skipped = helpers.dequantizers(new.triton_dequantize_nf4)
+
+    def first_call():
+        new._plans.pop(new._identity(q), None)
+        return new.triton_dequantize_nf4(layer)
+
     timed = {"new": lambda: new.triton_dequantize_nf4(layer), "old": lambda: old.triton_dequantize_nf4(layer),
-             **_unchecked(new._plans[id(q)], new, W, q)}  # the plan that the calls above learned
-    assert all(torch.equal(fn(), timed["old"]()) for fn in timed.values())
+             **_unchecked(new._plans[new._identity(q)], new, W, q), "first_call": first_call,
+             "via_triton": lambda: new.dequantize_nf4_via_triton(W, q), **_slow_path_parts(new, W, q)}
+    if "unsloth_fused" in methods:
+        timed["unsloth_fused"] = lambda: methods["unsloth_fused"](layer)
+    assert all(torch.equal(timed[name](), timed["old"]()) for name in timed if not name.startswith("part:"))
     samples = {name: [] for name in timed}
     for _ in range(rounds):
         for name, fn in timed.items():
             samples[name].append(helpers.host_time(fn, calls=calls).median_us)
     medians = {name: sorted(values)[rounds // 2] for name, values in samples.items()}
+    fused = medians.get("unsloth_fused")
     return {"layer": str(helpers.KERNEL_SHAPES[0]), "method": helpers.HOST_TIME_METHOD, "floor": HOST_COST_FLOOR,
-            "fixed_call": FIXED_CALL, "old_notebook": Path(old_notebook).name, "rounds_us": samples,
-            "median_us": medians, "new_over_floor": medians["new"] / medians["floor"],
+            "fixed_call": FIXED_CALL, "first_call": FIRST_CALL, "old_notebook": Path(old_notebook).name,
+            "rounds_us": samples, "median_us": medians, "new_over_floor": medians["new"] / medians["floor"],
             "old_over_floor": medians["old"] / medians["floor"], "new_over_replay": medians["new"] / medians["replay"],
-            "fixed_call_over_replay": medians["fixed_call"] / medians["replay"]}
+            "fixed_call_over_replay": medians["fixed_call"] / medians["replay"],
+            "first_call_over_fused": medians["first_call"] / fused if fused else None,
+            "via_triton_over_fused": medians["via_triton"] / fused if fused else None,
+            "skipped_baselines": skipped}
 
 
 def _capture(work) -> "torch.cuda.CUDAGraph":
@@ -238,6 +284,12 @@ def _ratio(base: float, ours: float, bold: bool = False) -> str:
     return f"**{text}**" if bold else text
 
 
+def _speedup(procedure: dict, baseline: str) -> str:
+    """'**2.51x** (2.31–2.70x over 5 rounds)': the median of the rounds' ratios, bold, and their range."""
+    median, _, rest = report.format_ratio(helpers.round_ratios(procedure, baseline)).partition(" ")
+    return f"**{median}** {rest}"
+
+
 def _load(directory: Path, name: str) -> dict | None:
     path = helpers.ROOT / directory / name
     return json.loads(path.read_text()) if path.exists() else None
@@ -267,24 +319,29 @@ def headline(source: str, where: str) -> str:
     env, procedure, rows = results["environment"], results["procedure"], results["kernel"]
     baselines = [m for m in helpers.BASELINES if m in procedure]
     methods = ["ours", *baselines]
-    runs = len(procedure["ours"].get("runs_s", [])) or 1
+    runs = len(procedure["ours"]["runs_s"])
     score = results.get("score")
     run_all = f" Run all took {score['run_all_s'] / 60:.1f} minutes there; its score card: {score['total']} / " \
               f"{score['max']}." if score else ""
+    if "peak_memory_gib" in results:
+        run_all += f" Peak GPU memory allocated: {results['peak_memory_gib']:.2f} GiB (a T4 has 15 GiB)."
     lines = [f"Measured on {_measured_on(env)}, by the notebook run committed here (`{source}/notebook.json`; "
              "`python benchmark.py --headline` writes this table from that file)." + run_all + " **No T4 number "
-             "is claimed**: the notebook measures whatever GPU it runs on. In brackets: baseline time / ours.",
+             "is claimed**: the notebook measures whatever GPU it runs on. Procedure speedup: a round's baseline "
+             "time / ours, the median over the rounds (min–max); in brackets elsewhere: baseline time / ours.",
              "",
              "| | " + " | ".join(helpers.METHODS[m].name for m in methods) + " |",
              "|---" * (len(methods) + 1) + "|"]
     ours_s = procedure["ours"]["median_s"]
-    lines.append(f"| published `test_dequantize` procedure, s (wall clock, median of {runs}) | {ours_s:.3f} | "
-                 + " | ".join(f"{procedure[b]['median_s']:.3f} ({_ratio(procedure[b]['median_s'], ours_s, True)})"
-                              for b in baselines) + " |")
-    if "ours_no_fast_launch" in procedure:  # the paste unit alone: Triton's own launch, validated each call
-        alone = procedure["ours_no_fast_launch"]["median_s"]
-        lines.append(f"| the same, ours without the fast-launch cell, s | {alone:.3f} | "
-                     + " | ".join(f"({_ratio(procedure[b]['median_s'], alone)})" for b in baselines) + " |")
+    lines.append(f"| published `test_dequantize` procedure, s (wall clock, median of {runs} rounds), and its "
+                 f"speedup | {ours_s:.3f} | "
+                 + " | ".join(f"{procedure[b]['median_s']:.3f}, {_speedup(procedure, b)}" for b in baselines) + " |")
+    n_bytes, copy_gbs = helpers.procedure_bytes(), results.get("device_copy_gbs")
+    if copy_gbs:
+        floor_s = n_bytes / 1e9 / copy_gbs
+        lines.append(f"| the procedure as a multiple of this GPU's floor ({n_bytes / 1e9:.0f} GB / {copy_gbs:.0f} "
+                     f"GB/s device copy = {floor_s:.3f} s) | "
+                     + " | ".join(f"{procedure[m]['median_s'] / floor_s:.2f}x" for m in methods) + " |")
     splits = {b: helpers.saved_per_call(procedure, b) for b in baselines}
     if all(splits.values()):
         lines.append("| of the time saved per call in the procedure: kernel + launch path, µs | | "
@@ -303,12 +360,16 @@ def headline(source: str, where: str) -> str:
     lines += ["", f"Procedure: {helpers.PROCEDURE_METHOD} ({calls} calls). Kernel rows: {_kernel_method(results)}."]
     fused = "unsloth_fused" if "unsloth_fused" in baselines else (baselines[0] if baselines else None)
     t4 = ("" if "T4" in env["gpu"] else "On a T4, whose kernels run ~13x longer for the same bytes, kernel "
-          "time weighs far more in each call, and the procedure ratio moves toward the kernel ratio.")
+          "time weighs far more in each call, and the procedure ratio moves toward the kernel ratio. What a T4 "
+          f"should give: the procedure moves {n_bytes / 1e9:.0f} GB, so at a T4's {helpers.T4_COPY_GBS} GB/s it "
+          f"takes at least {n_bytes / 1e9:.0f} GB / {helpers.T4_COPY_GBS} GB/s = "
+          f"{n_bytes / 1e9 / helpers.T4_COPY_GBS:.2f} s whatever the kernel (arithmetic, not a measurement), "
+          "and the host time of its 9000 synchronized calls adds on top.")
     if fused and splits.get(fused):
         kernel_ratios = [r[f"{fused}_us"] / r["ours_us"] for r in rows]
         split = splits[fused]
         lines += ["", f"On this GPU the procedure ratio against {helpers.METHODS[fused].prose} is "
-                  f"{_ratio(procedure[fused]['median_s'], ours_s)}, its kernel ratios "
+                  f"{report.format_ratio(helpers.round_ratios(procedure, fused))}, its kernel ratios "
                   f"{min(kernel_ratios):.2f}x to {max(kernel_ratios):.2f}x: of the {split['saved_us']:.1f} µs "
                   f"saved per call, {split['kernel_us']:.1f} µs is kernel time and {split['launch_path_us']:.1f} µs "
                   f"the launch path (allocation, launch, synchronize: see *Where the time goes*). {t4}".rstrip()]
@@ -348,31 +409,10 @@ def _benchmark_paragraph(source: str) -> list[str]:
     results = _load(source, "benchmark.json")
     if results is None:
         return []
-    env, procedure, rows, cost = (results["environment"], results["procedure"], results["kernel"],
-                                  results.get("cpu_cost", {}))
-    ours = procedure["ours"]["median_s"]
-    against = [f"{_ratio(procedure[b]['median_s'], ours)} {helpers.METHODS[b].prose}"
-               for b in ("unsloth_fused", "unsloth_classic") if b in procedure]
-    text = (f"A separate run of `python benchmark.py` on the same machine (`{source}/benchmark.json`, "
-            f"{env['date']}): procedure {ours:.3f} s, {' and '.join(against)} (median of "
-            f"{len(procedure['ours'].get('runs_s', [])) or 1}, spread in the file)")
-    if rows and "ceiling_us" in rows[0]:
-        text += ("; kernel only, ours as a share of the no-math copy ceiling: "
-                 + ", ".join(f"{r['shape']} {r['ceiling_us'] / r['ours_us']:.1%}" for r in rows))
-    if rows and "unsloth_fused_us" in rows[0]:
-        text += "; against the fused path: " + ", ".join(
-            f"{r['shape']} {_ratio(r['unsloth_fused_us'], r['ours_us'])}" for r in rows)
-    if "ours_us" in cost and "floor_us" in cost:
-        calls = ", ".join(f"{name} {cost[f'{m}_us']:.2f} µs" for m, name in
-                          (("ours", "ours"), ("unsloth_fused", "fused"), ("unsloth_classic", "classic"),
-                           ("bnb", "bnb")) if f"{m}_us" in cost)
-        what = ("host time to issue one call (GPU idle before it)" if "measurement" in results
-                else "CPU cost of one call (calls issued back to back)")
-        text += (f"; {what}: {calls}, against {cost['floor_us']:.2f} µs for `torch.empty` "
-                 "plus a launch of an empty compiled kernel through Triton's compiled-kernel launcher")
-        if "triton_launch_us" in cost:
-            text += f" ({cost['triton_launch_us']:.2f} µs for a standard Triton launch)"
-    text += f". Kernel rows there: {_kernel_method(results)}. Kernel ratios are baseline time / ours."
+    env = results["environment"]
+    text = (f"A separate run of `python benchmark.py` on the same machine ({env['date']}) is linked, not restated "
+            f"here: [`{source}/benchmark.json`]({source}/benchmark.json) holds its procedure, kernel-only table "
+            "(with a CUDA-graph cross-check) and host times.")
     lines = ["", text]
     sweep_results = _load(source, "sweep.json")
     if sweep_results is not None:
@@ -382,7 +422,7 @@ def _benchmark_paragraph(source: str) -> list[str]:
     if host is not None:
         table, when = host["host_cost"], host["environment"]["date"]
         us = table["median_us"]
-        lines += ["", f"The fast launch's host time per call (`python benchmark.py --host-cost`, "
+        lines += ["", f"The launch path's host time per call (`python benchmark.py --host-cost`, "
                       f"`{source}/host_cost.json`, {when}; GPU idle before each call): ours {us['new']:.2f} µs "
                       f"against {us['floor']:.2f} µs for `torch.empty` plus Triton's C launcher called with the "
                       f"arguments Triton passed, nothing checked ({table['new_over_floor']:.2f}x; the cells of "
@@ -393,6 +433,11 @@ def _benchmark_paragraph(source: str) -> list[str]:
             lines[-1] += (f" Calling the compiled launcher's Python entry instead of its C launch (unsloth's "
                           f"`triton_launch.py` style; the same allocation, nothing checked) takes "
                           f"{us['fixed_call']:.2f} µs, {table['fixed_call_over_replay']:.2f}x the replay.")
+        if table.get("first_call_over_fused"):
+            lines[-1] += (f" A weight's first call (its kernel compiled) costs {us['first_call']:.2f} µs and a call "
+                          f"through Triton's own launch {us['via_triton']:.2f} µs, against {us['unsloth_fused']:.2f}"
+                          f" µs for unsloth's fused path ({table['first_call_over_fused']:.2f}x and "
+                          f"{table['via_triton_over_fused']:.2f}x).")
     return lines
 
 
@@ -448,7 +493,7 @@ def write_headline(source: str | None = None) -> list[str]:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true", help="time every launch configuration too")
-    parser.add_argument("--repeats", type=int, default=3, help="repeats of the published procedure")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the published procedure")
     parser.add_argument("--headline", nargs="?", const="", metavar="RESULTS_DIR",
                         help="rewrite the README's and the notebook's headline tables from results")
     parser.add_argument("--verify", metavar="RESULTS_JSON", help="re-measure a kernel table with the profiler")
@@ -496,7 +541,9 @@ def main(argv=None):
     tables["device_copy_gbs"] = helpers.device_copy_gbs()
     tables["cpu_cost"] = helpers.cpu_cost_table(methods)
     reference = methods.get("unsloth_fused", methods["bnb"])
-    tables["procedure"] = helpers.procedure_table(methods, reference, repeats=args.repeats)
+    procedure_cell = load_procedure_cell()  # the notebook's procedure, run as the notebook runs it
+    tables["procedure"] = procedure_cell.test_dequantize(methods, reference, rounds=args.rounds)
+    helpers.add_splits(tables["procedure"], methods, procedure_cell.build_case)
 
     print(report.format_kernel_table(tables["kernel"], list(methods)))
     print(format_graph_check(tables["kernel"], list(methods)))
