@@ -84,7 +84,8 @@ def _unchecked(plan, kernel, W, q) -> dict:
     allocation and launch, read from the plan's closure, with its checks left out."""
     out, v = plan(W, q), inspect.getclosurevars(plan).nonlocals
     launch, head, middle, tail, index, j = (v[name] for name in ("launch", "head", "middle", "tail", "gpu", "j"))
-    size, stride, dtype, device, stream = v["size"], v["stride"], v["dtype"], v["device"], torch._C._cuda_getCurrentRawStream
+    size, stride, dtype, device = v["size"], v["stride"], v["dtype"], v["device"]
+    stream = torch._C._cuda_getCurrentRawStream
 
     def launch_into(new):
         if j is None:
