@@ -1,8 +1,7 @@
-"""How the NF4 notebook's numbers are made, in the order it makes them; report.py (fetched beside it)
-shows them: the score card, markdown tables and plots. Nothing here imports the kernel: functions take
-the callables they run (tests/kernel_cells.py loads the kernel cells).
+"""How the NF4 notebook's numbers are made, in its order; report.py (fetched beside it) shows them. Nothing
+here imports the kernel: functions take the callables they run (tests/kernel_cells.py loads the kernel cells).
 
-  1. Environment and device facts  environment, versions_line, short_dtype, bytes_moved
+  1. Environment and device facts  wrap, environment, versions_line, short_dtype, bytes_moved
   2. The test procedure            METHODS, OURS, BASELINES, SAME_KERNELS, PROCEDURE_CASES, KERNEL_SHAPES,
                                    make_layer, exactness, dequantizers, check_baselines, usable, MLP,
                                    procedure_bytes, procedure_result, round_ratios, add_splits, time_split,
@@ -11,10 +10,9 @@ the callables they run (tests/kernel_cells.py loads the kernel cells).
   4. torch.compile                 compile_report, compile_claim
   5. Result files                  results_dir, write_results, shown_path
 
-Every number names its clock (MEASUREMENT): GPU time, the GPU's own kernel durations, so that host time
-cannot leak in as it does into CUDA events around a Python call (do_bench); host time; the published
-procedure's wall clock. The GPU measured and described is the current one; `l2_flush()` keeps one
-flush buffer per device; anything else global that a function changes is restored before it returns.
+Every number names its clock (MEASUREMENT): GPU time, the GPU's own kernel durations (host time cannot leak
+in as into CUDA events around a Python call); host time; the procedure's wall clock. The GPU is the current
+one; `l2_flush()` keeps a flush buffer per device; anything else global a function changes is restored.
 """
 from __future__ import annotations
 
@@ -29,6 +27,7 @@ import json
 import logging
 import platform
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -44,15 +43,20 @@ import triton.language as tl
 
 ROOT = Path(__file__).resolve().parent
 MAX_LINE = 120  # Colab wraps longer lines: no printed line or table row is longer
+# A word that opens a Markdown block at a line's start: '>', a list item, '#', a setext underline, a fence
+_BLOCK_MARKER = re.compile(r">.*|[-+*]|#{1,6}|\d{1,9}[.)]|=+|-+|[`~]{3}.*")
 
 
 def wrap(text: str, indent: str = "") -> str:
-    """`text` as paragraphs of lines of at most MAX_LINE characters."""
-    return textwrap.fill(" ".join(text.split()), MAX_LINE, subsequent_indent=indent, break_on_hyphens=False)
+    """`text` in lines of at most MAX_LINE characters, none but the first starting with a block marker."""
+    words = []
+    for word in text.split():  # a marker word joins the one before by a no-break space, which textwrap keeps
+        words.append(words.pop() + "\u00a0" + word if words and _BLOCK_MARKER.fullmatch(word) else word)
+    return textwrap.fill(" ".join(words), MAX_LINE, subsequent_indent=indent, break_on_hyphens=False,
+                         break_long_words=False).replace("\u00a0", " ")
 
 
 # 1. Environment and device facts (the current CUDA device) ------------------------------------
-# unsloth without package metadata (as on the GPU machine) is named by its kernels/nf4.py's sha256 (PyPI's wheels)
 UNSLOTH_NF4_SHA256 = {"f4dd101d1dd86e46a1e096aea1ad19fb27d8e39233cfb99a61240ca495d44a52": "2026.10.9"}
 
 
@@ -63,8 +67,8 @@ def _version(package: str) -> str:
         spec = importlib.util.find_spec(package)
         if spec is None:
             return "not installed"
-        if package == "unsloth" and _unsloth_nf4_sha256():  # environment() keeps the sha256 beside it
-            return UNSLOTH_NF4_SHA256.get(_unsloth_nf4_sha256(), "unknown version")
+        if package == "unsloth" and (sha := _unsloth_nf4_sha256()):  # environment() keeps it beside
+            return UNSLOTH_NF4_SHA256.get(sha, "unknown version")
         try:  # a package whose import raises is reported, never raised: it must not stop Run all
             return getattr(importlib.import_module(package), "__version__", None) or "present, no metadata"
         except Exception as error:
@@ -72,7 +76,8 @@ def _version(package: str) -> str:
 
 
 def _unsloth_nf4_sha256() -> str | None:
-    """The sha256 of the importable unsloth's kernels/nf4.py (None without one): result files keep it."""
+    """The sha256 of unsloth's kernels/nf4.py or None: result files keep it; without package metadata (the GPU
+    machine) it names the version (UNSLOTH_NF4_SHA256, from PyPI's wheels)."""
     spec = importlib.util.find_spec("unsloth")
     folders = list(spec.submodule_search_locations or []) if spec else []
     nf4 = Path(folders[0], "kernels", "nf4.py") if folders else None

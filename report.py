@@ -15,33 +15,14 @@ size it is saved (at most 9 inches wide, 100 dpi), its legend inside or below th
 from __future__ import annotations
 
 import re
-import textwrap
 import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from helpers import (GPU_TIME_METHOD, HOST_TIME_METHOD, LAUNCH_REFERENCE_METHOD, MAX_LINE, METHODS, OURS,
                      PROCEDURE_METHOD, SAME_KERNELS, column, dtype_name, saved_per_call, short_dtype, time_split,
-                     versions_line)
+                     versions_line, wrap)
 from helpers import BASELINES, T4_COPY_GBS, round_ratios
-
-# A word that opens a Markdown block where it starts a line: a blockquote ('>', '>='), a list item ('-',
-# '+', '*', '1.', '1)'), a heading ('#'), a setext underline ('==', '--') or a code fence.
-_BLOCK_MARKER = re.compile(r">.*|[-+*]|#{1,6}|\d{1,9}[.)]|=+|-+|[`~]{3}.*")
-
-
-def wrap(text: str, indent: str = "") -> str:
-    """`text` as lines of at most MAX_LINE characters (one paragraph), none of them, but the first,
-    starting with a Markdown block marker: such a word stays on the line before."""
-    words = []
-    for word in text.split():
-        if words and _BLOCK_MARKER.fullmatch(word):
-            words[-1] += "\u00a0" + word  # a no-break space: textwrap breaks at ASCII whitespace only
-        else:
-            words.append(word)
-    return textwrap.fill(" ".join(words), MAX_LINE, subsequent_indent=indent, break_on_hyphens=False,
-                         break_long_words=False).replace("\u00a0", " ")
-
 
 # 1. Score card and run clock ------------------------------------------------------------------
 # The puzzle's marking, in its order: key -> (the criterion and its points, the points it can give).
@@ -420,7 +401,7 @@ def _save(fig, path: Path | None):
 
 def _legend_below(fig, axes) -> None:
     """One legend for the figure, under its axes (constrained layout makes room): it covers nothing."""
-    handles, labels = {}, {}
+    handles = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)

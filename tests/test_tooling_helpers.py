@@ -296,11 +296,11 @@ def test_wrap_leaves_no_markdown_block_marker_at_a_line_start():
             ">= 1.05 +1, >= 1.10 +3, >= 1.15 +5 and - a dash, + a plus, # a hash, 1. one, == twice and --- thrice.")
     for width in range(60, 121):
         for text in (rule, "x " * width + rule):
-            lines = report.wrap(text).splitlines()
+            lines = helpers.wrap(text).splitlines()
             assert len(lines) > 1 and max(map(len, lines)) <= helpers.MAX_LINE
             assert not _block_starts("\n".join(lines[1:])), lines
             assert " ".join(lines).split() == text.split()  # nothing lost, nothing added
-    old = helpers.wrap(rule)  # the plain textwrap this replaces put '>= 1.15 +5' at a line's start
+    old = textwrap.fill(rule, helpers.MAX_LINE)  # plain textwrap put '>= 1.15 +5' at a line's start
     assert old.splitlines()[1].startswith(">=")
 
 
