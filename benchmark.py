@@ -75,8 +75,8 @@ HOST_COST_FLOOR = ("torch.empty of the output plus Triton's C launcher called wi
                    "nothing checked (a plan's own recorded launch, allocating with torch.empty)")
 FIXED_CALL = ("the compiled launcher's Python entry called directly with the same arguments, nothing checked "
               "(unsloth's triton_launch.py style), allocating with torch.empty_strided as the replay does")
-FIRST_CALL = ("a weight's first call with its kernel compiled: validation, Triton's launch with its C launch "
-              "recorded, the plan made (the plan dropped before each call)")
+FIRST_CALL = ("a weight's first call, its launch's template recorded before (by an earlier weight of its key): "
+              "validation, the weight's plan made from the template, its launch (the plan dropped before each call)")
 
 
 def _unchecked(plan, kernel, W, q) -> dict:
@@ -432,7 +432,8 @@ def _benchmark_paragraph(source: str) -> list[str]:
                           f"`triton_launch.py` style; the same allocation, nothing checked) takes "
                           f"{us['fixed_call']:.2f} µs, {table['fixed_call_over_replay']:.2f}x the replay.")
         if table.get("first_call_over_fused"):
-            lines[-1] += (f" A weight's first call (its kernel compiled) costs {us['first_call']:.2f} µs and a call "
+            lines[-1] += (f" A weight's first call (its launch's template recorded by an earlier weight of its "
+                          f"specialization) costs {us['first_call']:.2f} µs and a call "
                           f"through Triton's own launch {us['via_triton']:.2f} µs, against {us['unsloth_fused']:.2f}"
                           f" µs for unsloth's fused path ({table['first_call_over_fused']:.2f}x and "
                           f"{table['via_triton_over_fused']:.2f}x).")

@@ -1,8 +1,14 @@
-"""The launch path against the installed Triton's own launcher, without a GPU (offline_gpu.py): for
-a nested and a plain layout, Triton's launch, then a launch of the same compiled kernel recorded
-and made a plan, and one call through the plan; a launch hook set before (no plan is made) and after
-(the plan steps aside, so that Triton's launch calls the hook); a QuantState field deleted after it
-(it steps aside too). Prints one JSON line. Run in its own process."""
+"""The launch path against the installed Triton's own launcher, without a GPU (offline_gpu.py).
+
+For a nested and a plain layout: a specialization key's first call (Triton's launch, then one
+recorded and made a template, whose replay is checked), calls through the weight's plan, a launch
+hook set after the first call and a QuantState field deleted (the plan steps aside); another weight
+of the same key, whose plan is made from the template without a launch by Triton; a launch hook set
+before a key's first call (nothing is learned). Then a sweep of weights that Triton specializes
+differently (addresses off 16 bytes, sizes, dtypes, an fp64 offset): the key must tell apart every
+pair that Triton compiles apart, and each plan must pass exactly what Triton passes for its weight.
+The stand-in's "kernel" writes a digest of every argument but the output, so equal bits mean equal
+arguments. Prints one JSON line. Run in its own process."""
 import json
 import os
 import sys
@@ -18,54 +24,149 @@ import bitsandbytes.functional as bnbf  # noqa: E402
 from kernel_cells import NOTEBOOK, PASTE_UNIT, load_kernel_cells  # noqa: E402
 from reference import bits  # noqa: E402
 
+CAPABILITY = (7, 5)
 
-def case(kernel, name, W, q, hook_before=False):
-    """Triton's own launch into `out`, a second launch learned from, then calls through the plan."""
-    layout = kernel.nf4_layout(W, q)
-    out = torch.empty(layout.shape, dtype=layout.dtype)
-    grid, args, constexprs, options = kernel.launch_arguments(layout, out, kernel.DEFAULT_CONFIG, (7, 5))
 
-    def launch():
-        return kernel._dequantize_4bit_kernel[grid](*args, **constexprs, **options)
+def weight(shape=(64, 256), nested=True, dtype=torch.bfloat16, seed=0, shift=None, offset=None):
+    """A quantized weight; `shift` = (field, bytes) places that tensor off its allocation's start."""
+    torch.manual_seed(seed)
+    W, q = bnbf.quantize_4bit(torch.randn(shape), blocksize=64, quant_type="nf4", compress_statistics=nested)
+    q.dtype = dtype
+    if offset is not None:
+        q.offset = offset(q.offset)
+    if shift is not None:
+        field, by = shift
+        owner, name = (q.state2, field[7:]) if field.startswith("state2.") else (q, field)
+        tensor = W if field == "W" else getattr(owner, name)
+        moved = torch.empty(tensor.nbytes + by, dtype=torch.uint8)[by:].view(tensor.dtype).reshape(tensor.shape)
+        moved.copy_(tensor)
+        if field == "W":
+            W = moved
+        else:
+            setattr(owner, name, moved)
+    return W, q
 
-    hook_calls = []
-    offline_gpu.set_launch_hook((lambda *a: hook_calls.append(a)) if hook_before else None)
+
+class Launch:
+    """What dequantize_nf4_via_triton prepares for W: its output, arguments and key."""
+
+    def __init__(self, kernel, W, q):
+        self.kernel, self.W, self.q = kernel, W, q
+        self.layout = kernel.nf4_layout(W, q)
+        self.out = torch.empty(self.layout.shape, dtype=self.layout.dtype)
+        config = kernel.launch_config(self.layout, CAPABILITY)
+        self.grid, self.args, self.constexprs, self.options = kernel.launch_arguments(
+            self.layout, self.out, config, CAPABILITY)
+        self.settings = (*self.constexprs.values(), *self.options.values())
+        self.key = kernel._key(self.args, [a.data_ptr() for a in self.args[:7]], self.settings)
+
+    def triton(self):
+        """Triton's own launch into self.out: its compiled kernel, and the bits it "wrote"."""
+        offline_gpu.forget_outputs()  # a launch for another weight wrote that weight's size
+        compiled = self.launch()
+        offline_gpu.fake_launch_of(compiled).expect_output(self.out)
+        assert self.launch() is compiled
+        return compiled, bits(self.out).clone()
+
+    def launch(self):
+        return self.kernel._dequantize_4bit_kernel[self.grid](*self.args, **self.constexprs, **self.options)
+
+    def by_plan(self):
+        return self.kernel._launch_by_plan(self.W, self.q, self.layout.transposed, self.grid, self.args,
+                                           self.launch, self.settings)
+
+
+def case(kernel, nested, dtype):
+    W, q = weight(nested=nested, dtype=dtype)
+    first = Launch(kernel, W, q)
+    compiled, triton_bits = first.triton()
+    fake = offline_gpu.fake_launch_of(compiled)
+    first_calls = fake.calls
+    result = {"launched": first.by_plan(), "triton_launches_on_a_new_key": fake.calls - first_calls - 1,
+              "template": bool(kernel._templates.get(first.key)),
+              "recorded_launch_unchanged": torch.equal(bits(first.out), triton_bits)}
+    plan = kernel._plans.get(kernel._identity(q))
+    result["fast"] = plan is not None
+    if plan is not None:
+        fast = plan(W, q)
+        result["fast_matches_triton"] = fast is not None and torch.equal(bits(fast), triton_bits)
+        offline_gpu.set_launch_hook(lambda *a: None)  # a profiler starts
+        result["fast_with_a_hook_set_later"] = plan(W, q) is not None
+        offline_gpu.set_launch_hook(None)
+        code = q.code
+        del q.code  # Triton's path names the missing field: the plan steps aside, raising nothing
+        result["fast_with_a_field_deleted"] = plan(W, q) is not None
+        q.code = code
+    W2, q2 = weight(nested=nested, dtype=dtype, seed=1)  # another weight: the same key
+    second = Launch(kernel, W2, q2)
+    _, second_bits = second.triton()
+    calls = fake.calls
+    out = kernel.dequantize_nf4(W2, q2)  # no plan for q2 yet: its plan from the template
+    result["same_key"] = second.key == first.key
+    result["second_weight_triton_launches"] = fake.calls - calls - 1  # the plan's launch is one
+    result["second_weight_fast"] = kernel._plans.get(kernel._identity(q2)) is not None
+    result["second_weight_matches_triton"] = torch.equal(bits(out), second_bits)
+    result["problems"] = fake.problems
+    return result
+
+
+def hook_before(kernel):
+    """A launch hook set before a key's first call: one launch, by Triton, and nothing learned."""
+    W, q = weight(dtype=torch.float16, seed=3)
+    fake = offline_gpu.fake_launch_of(Launch(kernel, W, q).triton()[0])
+    calls = fake.calls
+    offline_gpu.set_launch_hook(lambda *a: None)  # the C launcher calls it (the stand-in does not)
     try:
-        compiled = launch()  # compiles for sm_75
-        fake = offline_gpu.fake_launch_of(compiled)
-        fake.expect_output(out)
-        kernel._last_compiled[name] = launch()  # Triton's own launch "writes" out
-        triton_bits = bits(out).clone()
-        kernel._launch_and_learn(W, q, out, layout.transposed, launch, name)  # recorded on the way
-        plan = kernel._plans.get(kernel._identity(q))
-        result = {"fast": plan is not None, "recorded_launch_unchanged": torch.equal(bits(out), triton_bits)}
-        if plan is not None:
-            fast = plan(W, q)
-            result["fast_matches_triton"] = fast is not None and torch.equal(bits(fast), triton_bits)
-            offline_gpu.set_launch_hook(lambda *a: hook_calls.append(a))  # a profiler starts
-            result["fast_with_a_hook_set_later"] = plan(W, q) is not None
-            offline_gpu.set_launch_hook(None)
-            code = q.code
-            del q.code  # Triton's path names the missing field: the plan steps aside, raising nothing
-            result["fast_with_a_field_deleted"] = plan(W, q) is not None
-            q.code = code
-        result["problems"] = fake.problems
-        return result
+        out = kernel.dequantize_nf4(W, q)
     finally:
         offline_gpu.set_launch_hook(None)
-        fake.output = None  # Triton >= 3.7 shares one launch function: the next case is another tensor
+    return {"triton_launches": fake.calls - calls, "template": Launch(kernel, W, q).key in kernel._templates,
+            "output": list(out.shape), "fast": kernel._identity(q) in kernel._plans}
+
+
+SWEEP = {  # weights Triton may specialize apart
+    "aligned": {},
+    "W off by 1 byte": {"shift": ("W", 1)},
+    "W off by 8 bytes": {"shift": ("W", 8)},
+    "absmax off by 4 bytes": {"shift": ("absmax", 4)},
+    "state2.absmax off by 4 bytes": {"shift": ("state2.absmax", 4)},
+    "code off by 8 bytes": {"shift": ("code", 8)},
+    "size 72 (8 mod 16)": {"shape": (1, 72)},
+    "size 100 (4 mod 16)": {"shape": (5, 20)},
+    "size 1": {"shape": (1, 1)},
+    "size 4096": {"shape": (16, 256)},
+    "fp32, plain absmax": {"nested": False, "dtype": torch.float32},
+    "fp64 offset": {"offset": lambda o: o.double().reshape(1)},
+    "fp16": {"dtype": torch.float16},
+}
+
+
+def sweep(kernel):
+    compiled_of_key, rows = {}, {}
+    for seed, (name, spec) in enumerate(SWEEP.items()):
+        W, q = weight(seed=10 + seed, **spec)
+        launch = Launch(kernel, W, q)
+        compiled, triton_bits = launch.triton()
+        compiled_of_key.setdefault(launch.key, set()).add(id(compiled))
+        for _ in range(2):  # the key's first call where it is new, then a plan for this weight
+            out = kernel.dequantize_nf4(W, q)
+        plan = kernel._plans.get(kernel._identity(q))
+        fast = plan(W, q) if plan is not None else None
+        rows[name] = {"matches_triton": torch.equal(bits(out), triton_bits),
+                      "fast": fast is not None, "fast_matches_triton": fast is not None
+                      and torch.equal(bits(fast), triton_bits)}
+    return {"rows": rows, "keys": len(compiled_of_key),
+            "kernels": len(set().union(*compiled_of_key.values())),
+            "keys_with_two_kernels": sum(len(ids) > 1 for ids in compiled_of_key.values())}
 
 
 def main():
     offline_gpu.install(75)
     kernel = load_kernel_cells(Path(os.environ.get("NF4_NOTEBOOK", NOTEBOOK)), tags=PASTE_UNIT)
-    report = {"triton": offline_gpu.triton.__version__}
-    weight = torch.randn(64, 256)
-    for name, nested, dtype in (("nested", True, torch.bfloat16), ("plain", False, torch.float32),
-                                ("with_launch_hook", True, torch.float16)):
-        W, qs = bnbf.quantize_4bit(weight, blocksize=64, quant_type="nf4", compress_statistics=nested)
-        qs.dtype = dtype
-        report[name] = case(kernel, name, W, qs, hook_before=name == "with_launch_hook")
+    kernel.device_capability = lambda device: CAPABILITY  # the CPU tensors are the stand-in GPU's
+    report = {"triton": offline_gpu.triton.__version__,
+              "nested": case(kernel, True, torch.bfloat16), "plain": case(kernel, False, torch.float32),
+              "with_launch_hook": hook_before(kernel), "sweep": sweep(kernel)}
     print(json.dumps(report))
 
 

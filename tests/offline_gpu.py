@@ -77,10 +77,12 @@ def _reaching_the_gpu(value):
 
 class FakeLaunch:
     """Stands in for a C launch function."""
+    made = []  # every one made
 
     def __init__(self, fmt):
         self.fmt, self.calls, self.problems = fmt, 0, []
         self.output = None  # (the tensor launches write, where it sits in the call once found)
+        FakeLaunch.made.append(self)
 
     def expect_output(self, tensor):
         self.output = (tensor, None)
@@ -199,6 +201,12 @@ def fake_launch_of(compiled):
     """The stand-in C launch function a compiled kernel's launcher calls."""
     launch = compiled.run.launch
     return launch if isinstance(launch, FakeLaunch) else triton.runtime.driver.active.utils.launch
+
+
+def forget_outputs():
+    """Every stand-in forgets its output: until told another, its launches write nothing."""
+    for fake in FakeLaunch.made:
+        fake.output = None
 
 
 def set_launch_hook(hook):

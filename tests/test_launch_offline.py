@@ -1,6 +1,8 @@
 """The launch path against the installed Triton's own launcher, without a GPU (launch_offline.py): a
-plan replays exactly what Triton passes, in the format Triton's C launcher parses, records without
-launching twice, and steps aside whenever a launch hook is set, before or after its first call."""
+plan replays exactly what Triton passes, in the format Triton's C launcher parses; a template recorded
+from one weight gives another weight of its key exactly Triton's arguments for that weight, with no
+launch by Triton; the key tells apart every pair of weights that Triton compiles apart; and the path
+steps aside whenever a launch hook is set, before or after its first call."""
 import json
 import subprocess
 import sys
@@ -21,9 +23,18 @@ def report():
 def test_fast_launch_passes_what_triton_passes(report, layout):
     case = report[layout]
     assert case["problems"] == [], f"Triton {report['triton']}: {case['problems']}"
-    assert case["fast"], f"Triton {report['triton']}: the fast launch declined"
+    assert case["template"] and case["fast"], f"Triton {report['triton']}: the fast launch declined"
     assert case["fast_matches_triton"]
     assert case["recorded_launch_unchanged"], "the launch that was recorded passed something else"
+    assert case["launched"] and case["triton_launches_on_a_new_key"] == 2  # its own, then recorded
+
+
+@pytest.mark.parametrize("layout", ["nested", "plain"])
+def test_another_weight_of_the_key_is_planned_without_triton(report, layout):
+    case = report[layout]
+    assert case["same_key"]
+    assert case["second_weight_triton_launches"] == 0
+    assert case["second_weight_fast"] and case["second_weight_matches_triton"]
 
 
 @pytest.mark.parametrize("layout", ["nested", "plain"])
@@ -38,4 +49,18 @@ def test_a_field_deleted_after_the_first_call_is_left_to_triton(report, layout):
 
 def test_nothing_is_learned_while_a_launch_hook_is_set(report):
     case = report["with_launch_hook"]
-    assert not case["fast"] and case["problems"] == []
+    assert case == {"triton_launches": 1, "template": False, "output": [64, 256], "fast": False}
+
+
+def test_the_key_tells_apart_what_triton_compiles_apart(report):
+    sweep = report["sweep"]
+    assert sweep["keys_with_two_kernels"] == 0, f"Triton {report['triton']}: one key, two compiled kernels"
+    assert sweep["kernels"] > 1 and sweep["keys"] >= sweep["kernels"]
+
+
+def test_every_plan_in_the_sweep_passes_what_triton_passes(report):
+    rows = report["sweep"]["rows"]
+    assert all(row["matches_triton"] for row in rows.values())
+    assert all(row["fast_matches_triton"] for row in rows.values() if row["fast"])
+    # only the converted fp64 offset (a temporary tensor, this call's alone) has no plan
+    assert [name for name, row in rows.items() if not row["fast"]] == ["fp64 offset"]
