@@ -124,6 +124,28 @@ def hook_before(kernel):
             "output": list(out.shape), "fast": kernel._identity(q) in kernel._plans}
 
 
+def converted_offset_first(kernel):
+    """A key first seen on a weight whose fp16 offset the wrapper converts (a temporary, so no plan):
+    its recording is checked and kept, and the weight's later calls are one launch by Triton each,
+    not recorded again; a weight of the key with its own fp32 offset is then planned at once."""
+    W, q = weight(shape=(32, 128), dtype=torch.float16, seed=4, offset=lambda o: o.half())
+    launch = Launch(kernel, W, q)
+    fake = offline_gpu.fake_launch_of(launch.triton()[0])
+    calls = fake.calls
+    kernel.dequantize_nf4(W, q)  # the key's first call: Triton's, recorded, the replay checked
+    first = fake.calls - calls
+    calls = fake.calls
+    kernel.dequantize_nf4(W, q)
+    W2, q2 = weight(shape=(32, 128), dtype=torch.float16, seed=5)
+    key2 = Launch(kernel, W2, q2).key
+    calls2 = fake.calls
+    kernel.dequantize_nf4(W2, q2)
+    return {"first_call_launches": first, "later_call_launches": calls2 - calls,
+            "template": bool(kernel._templates.get(launch.key)), "fast": kernel._identity(q) in kernel._plans,
+            "same_key": key2 == launch.key, "other_weight_launches": fake.calls - calls2,
+            "other_weight_fast": kernel._identity(q2) in kernel._plans}
+
+
 SWEEP = {  # weights Triton may specialize apart
     "aligned": {},
     "W off by 1 byte": {"shift": ("W", 1)},
@@ -166,7 +188,8 @@ def main():
     kernel.device_capability = lambda device: CAPABILITY  # the CPU tensors are the stand-in GPU's
     report = {"triton": offline_gpu.triton.__version__,
               "nested": case(kernel, True, torch.bfloat16), "plain": case(kernel, False, torch.float32),
-              "with_launch_hook": hook_before(kernel), "sweep": sweep(kernel)}
+              "with_launch_hook": hook_before(kernel), "converted_offset_first": converted_offset_first(kernel),
+              "sweep": sweep(kernel)}
     print(json.dumps(report))
 
 

@@ -52,6 +52,15 @@ def test_nothing_is_learned_while_a_launch_hook_is_set(report):
     assert case == {"triton_launches": 1, "template": False, "output": [64, 256], "fast": False}
 
 
+def test_a_key_first_seen_without_a_plan_is_recorded_once(report):
+    # the first weight's fp16 offset is converted (this call's alone): no plan for it, but its later
+    # calls are not recorded again, and a weight of the same key is planned from the recording
+    case = report["converted_offset_first"]
+    assert case["first_call_launches"] == 3 and case["template"] and not case["fast"]
+    assert case["later_call_launches"] == 1
+    assert case["same_key"] and case["other_weight_launches"] == 1 and case["other_weight_fast"]
+
+
 def test_the_key_tells_apart_what_triton_compiles_apart(report):
     sweep = report["sweep"]
     assert sweep["keys_with_two_kernels"] == 0, f"Triton {report['triton']}: one key, two compiled kernels"
