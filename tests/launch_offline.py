@@ -9,6 +9,7 @@ differently (addresses off 16 bytes, sizes, dtypes, an fp64 offset): the key mus
 pair that Triton compiles apart, and each plan must pass exactly what Triton passes for its weight.
 The stand-in's "kernel" writes a digest of every argument but the output, so equal bits mean equal
 arguments. Prints one JSON line. Run in its own process."""
+import copy
 import json
 import os
 import sys
@@ -72,7 +73,7 @@ class Launch:
         return self.kernel._dequantize_4bit_kernel[self.grid](*self.args, **self.constexprs, **self.options)
 
     def by_plan(self):
-        return self.kernel._launch_by_plan(self.W, self.q, self.layout.transposed, self.grid, self.args,
+        return self.kernel._launch_by_plan(self.W, self.q, self.layout, self.grid, self.args,
                                            self.launch, self.settings)
 
 
@@ -97,6 +98,10 @@ def case(kernel, nested, dtype):
         del q.code  # Triton's path names the missing field: the plan steps aside, raising nothing
         result["fast_with_a_field_deleted"] = plan(W, q) is not None
         q.code = code
+        flipped = plan(W.t(), q)  # W.t() after W: the same bytes, the output transposed back
+        result["transposed_view_matches_triton"] = flipped is not None and torch.equal(
+            bits(flipped.t()), triton_bits) and flipped.shape == triton_bits.shape[::-1]
+        result["fields_unseen_when_replaced"] = unseen_replacements(kernel, plan, W, q)
     W2, q2 = weight(nested=nested, dtype=dtype, seed=1)  # another weight: the same key
     second = Launch(kernel, W2, q2)
     _, second_bits = second.triton()
@@ -108,6 +113,39 @@ def case(kernel, nested, dtype):
     result["second_weight_matches_triton"] = torch.equal(bits(out), second_bits)
     result["problems"] = fake.problems
     return result
+
+
+def _replacement(value):
+    """An equal value that is another object; for a dtype or a small int (singletons), another value."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, torch.Size):
+        return torch.Size(list(value))
+    if isinstance(value, str):
+        return "".join(list(value))
+    if isinstance(value, torch.dtype):
+        return torch.float64 if value != torch.float64 else torch.float32
+    if isinstance(value, int):
+        return int(str(value)) if not -5 <= value <= 256 else value * 2
+    return copy.copy(value) if type(value).__name__ == "QuantState" else None
+
+
+def unseen_replacements(kernel, plan, W, q):
+    """Each field of QUANT_STATE_FIELDS (and STATE2_FIELDS, nested) replaced in turn by another
+    object: the names whose replacement the plan did not see (it must step aside for each)."""
+    unseen, replaced = [], 0
+    for owner, name in [(q, n) for n in kernel.QUANT_STATE_FIELDS] + [
+            (q.state2, n) for n in kernel.STATE2_FIELDS if q.state2 is not None]:
+        value = getattr(owner, name)
+        if (other := _replacement(value)) is None:  # None (a plain layout's offset and state2)
+            continue
+        setattr(owner, name, other)
+        if plan(W, q) is not None:
+            unseen.append(name if owner is q else f"state2.{name}")
+        setattr(owner, name, value)
+        replaced += 1
+    assert plan(W, q) is not None and replaced == (12 if q.state2 is not None else 6), replaced
+    return unseen
 
 
 def hook_before(kernel):

@@ -47,6 +47,16 @@ def test_a_field_deleted_after_the_first_call_is_left_to_triton(report, layout):
     assert report[layout]["fast_with_a_field_deleted"] is False
 
 
+@pytest.mark.parametrize("layout", ["nested", "plain"])
+def test_a_plan_sees_every_field_replaced_by_an_equal_object(report, layout):
+    assert report[layout]["fields_unseen_when_replaced"] == []
+
+
+@pytest.mark.parametrize("layout", ["nested", "plain"])
+def test_a_plan_takes_the_transposed_view_of_its_weight(report, layout):
+    assert report[layout]["transposed_view_matches_triton"]
+
+
 def test_nothing_is_learned_while_a_launch_hook_is_set(report):
     case = report["with_launch_hook"]
     assert case == {"triton_launches": 1, "template": False, "output": [64, 256], "fast": False}

@@ -224,7 +224,7 @@ def _distinct_equal(value):
 
 @pytest.mark.gpu
 def test_every_listed_field_is_checked_on_every_call(kernel):
-    # the per-call check is derived from QUANT_STATE_FIELDS / STATE2_FIELDS: each replaced field
+    # a plan checks every field of QUANT_STATE_FIELDS / STATE2_FIELDS on every call: each replaced field
     # (an equal value, another object) must send the next call back through Triton
     fields = [(None, name) for name in kernel.QUANT_STATE_FIELDS]
     fields += [("state2", name) for name in kernel.STATE2_FIELDS]
