@@ -15,7 +15,7 @@ import bitsandbytes.functional as bnbf
 
 import helpers
 from conftest import DEVICE
-from reference import assert_same_bits, references
+from reference import assert_same_bits, distinct_equal, references
 
 
 def _layer(shape=(96, 320), dtype=torch.bfloat16, seed=0):
@@ -207,21 +207,6 @@ def test_both_views_of_a_weight_take_the_fast_launch(kernel, learned_from):
         through_triton.shape, through_triton.stride(), through_triton.dtype, through_triton.device)
 
 
-def _distinct_equal(value):
-    # an equal value that is another object, where one exists
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, torch.Size):
-        return torch.Size(list(value))
-    if isinstance(value, int) and not -5 <= value <= 256:
-        return int(str(value))
-    if type(value).__name__ == "QuantState":
-        return copy.copy(value)
-    if isinstance(value, str):
-        return "".join(list(value))  # an equal string, another object
-    return None  # dtypes and small ints are singletons
-
-
 @pytest.mark.gpu
 def test_every_listed_field_is_checked_on_every_call(kernel):
     # a plan checks every field of QUANT_STATE_FIELDS / STATE2_FIELDS on every call: each replaced field
@@ -236,7 +221,7 @@ def test_every_listed_field_is_checked_on_every_call(kernel):
         kernel.triton_dequantize_nf4(layer)
         assert _fast(kernel, W, qs) is not None
         owner = qs if owner_name is None else getattr(qs, owner_name)
-        replacement = _distinct_equal(getattr(owner, name))
+        replacement = distinct_equal(getattr(owner, name))
         if replacement is None:
             continue
         setattr(owner, name, replacement)
