@@ -1,6 +1,6 @@
 """The launch path against the installed Triton's own launcher, without a GPU (offline_gpu.py).
 
-For a nested and a plain layout: a specialization key's first call (Triton's launch, then one
+For a nested and a plain layout: a key's first call (Triton's launch, then one
 recorded and made a template, whose replay is checked), calls through the weight's plan, a launch
 hook set after the first call and a QuantState field deleted (the plan steps aside); another weight
 of the same key, whose plan is made from the template without a launch by Triton; a launch hook set
@@ -54,11 +54,10 @@ class Launch:
         self.kernel, self.W, self.q = kernel, W, q
         self.layout = kernel.nf4_layout(W, q)
         self.out = torch.empty(self.layout.shape, dtype=self.layout.dtype)
-        config = kernel.launch_config(self.layout, CAPABILITY)
+        self.config = kernel.launch_config(self.layout, CAPABILITY)
         self.grid, self.args, self.constexprs, self.options = kernel.launch_arguments(
-            self.layout, self.out, config, CAPABILITY)
-        self.settings = (*self.constexprs.values(), *self.options.values())
-        self.key = kernel._key(self.args, [a.data_ptr() for a in self.args[:7]], self.settings)
+            self.layout, self.out, self.config, CAPABILITY)
+        self.key = kernel._key(self.layout, self.config, CAPABILITY, [a.data_ptr() for a in self.args[:6]])
 
     def triton(self):
         """Triton's own launch into self.out: its compiled kernel, and the bits it "wrote"."""
@@ -72,8 +71,7 @@ class Launch:
         return self.kernel._dequantize_4bit_kernel[self.grid](*self.args, **self.constexprs, **self.options)
 
     def by_plan(self):
-        return self.kernel._launch_by_plan(self.W, self.q, self.layout, self.grid, self.args,
-                                           self.launch, self.settings)
+        return self.kernel._launch_by_plan(self.W, self.q, self.layout, self.out, self.config, CAPABILITY)
 
 
 def case(kernel, nested, dtype):

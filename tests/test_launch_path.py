@@ -160,6 +160,35 @@ def test_nothing_is_stored_on_bitsandbytes_objects(kernel):
     assert vars(qs) == before and vars(qs.state2) == state2, "dequantize_nf4 changed the QuantState"
 
 
+def test_bitsandbytes_table_lives_while_a_weight_uses_it(kernel):
+    # the kernel decodes with bitsandbytes' own table (one per device and quant type), kept while a
+    # weight that used it lives: its W (or what W is a view of) and its absmax, both
+    layers = [_layer(seed=22 + i) for i in range(2)]
+    key = (layers[0].weight.device, "nf4")
+    uses = lambda: len(kernel._TABLES.get(key, (None, {}))[1])  # noqa: E731
+    gc.collect()
+    before = uses()
+    for layer in layers:
+        kernel.triton_dequantize_nf4(layer)
+    table = kernel._TABLES[key][0]
+    assert uses() == before + 2
+    W, qs = layers[0].weight, layers[0].weight.quant_state
+    _assert_bnb(kernel.dequantize_nf4(W.t(), qs), W.t(), qs)  # a view of W: the same use, no new table
+    gc.collect()
+    assert uses() == before + 2 and kernel._TABLES[key][0] is table
+    layers[0].weight = torch.nn.Parameter(torch.zeros(1), requires_grad=False)  # W gone, absmax kept
+    del W
+    gc.collect()
+    assert uses() == before + 1, "a weight whose W is gone still keeps the table"
+    assert kernel._identity(qs) not in kernel._plans, "a plan outlived its W (and its table's use)"
+    qs.absmax = qs.absmax.clone()  # (qs kept: absmax replaced, the old one gone)
+    layers[1].weight.quant_state.absmax = layers[1].weight.quant_state.absmax.clone()
+    gc.collect()
+    assert uses() == before, "a weight whose absmax is gone still keeps the table"
+    if before == 0:
+        assert key not in kernel._TABLES and table is not None
+
+
 @pytest.mark.gpu
 def test_the_fast_launch_answers_later_calls_and_can_be_left_out(kernel, monkeypatch):
     layer = _layer(seed=21)

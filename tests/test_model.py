@@ -265,7 +265,7 @@ CASES = [
     ("an out tensor", (64, 128), _set(), lambda f, W, qs: f(W, qs, out=_out()), False),
     ("absmax and out without a quant state", (64, 128), _set(),
      lambda f, W, qs: f(W, absmax=_decoded_absmax(qs), out=_out(), blocksize=64, quant_type="nf4"), False),
-    ("a replaced codebook", (64, 128), _replaced_code, _plain, False),
+    ("a replaced codebook (read by neither)", (64, 128), _replaced_code, _plain, True),
     ("an fp64 output (bitsandbytes' error)", (64, 128), _set(dtype=torch.float64), _plain, False),
     ("an invalid blocksize (bitsandbytes' error)", (64, 128), _set(blocksize=16), _plain, False),
     # bitsandbytes' CPU kernel starts a block at each row: it agrees with the layout only for whole

@@ -344,7 +344,7 @@ def test_a_t4_launches_its_table_entry_once_per_call(kernel, as_capability):
     ours = [(tuple(grid), tuple(block)) for name, grid, block in launched if "_dequantize_4bit_kernel" in name]
     print(f"first call, capability 7.5 reported (sm_{real} built): our kernel ran {len(ours)} time(s), "
           f"(grid, block) {sorted(set(ours))}")
-    # a specialization's first call: Triton's launch, Triton's launch again (recorded), and one check
+    # a kind's first call: Triton's launch, Triton's launch again (recorded), and one check
     # of the recording's replay against it; nothing tuned: every launch has one grid and block
     assert 1 <= len(ours) <= 3 and len(set(ours)) == 1, f"the first call ran our kernel as {ours}"
     assert torch.equal(bits(first[0]), bits(reference))
