@@ -181,7 +181,7 @@ SWEEP = {  # weights Triton may specialize apart
     "W off by 8 bytes": {"shift": ("W", 8)},
     "absmax off by 4 bytes": {"shift": ("absmax", 4)},
     "state2.absmax off by 4 bytes": {"shift": ("state2.absmax", 4)},
-    "code off by 8 bytes": {"shift": ("code", 8)},
+    "offset off by 4 bytes": {"shift": ("offset", 4)},  # (code: not read; bitsandbytes' table is)
     "size 72 (8 mod 16)": {"shape": (1, 72)},
     "size 100 (4 mod 16)": {"shape": (5, 20)},
     "size 1": {"shape": (1, 1)},

@@ -185,8 +185,8 @@ def test_bitsandbytes_table_lives_while_a_weight_uses_it(kernel):
     layers[1].weight.quant_state.absmax = layers[1].weight.quant_state.absmax.clone()
     gc.collect()
     assert uses() == before, "a weight whose absmax is gone still keeps the table"
-    if before == 0:
-        assert key not in kernel._TABLES and table is not None
+    if before == 0:  # no other weight of this session uses it: the table itself is gone
+        assert key not in kernel._TABLES
 
 
 @pytest.mark.gpu
