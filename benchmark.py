@@ -79,23 +79,18 @@ FIXED_CALL = ("the compiled launcher's Python entry called directly with the sam
               "(unsloth's triton_launch.py style), allocating with torch.empty_strided as the replay does")
 FIRST_CALL = ("a new weight's first call: a QuantState the launch path has not seen, with its own absmax and codebook "
               "tensors (bitsandbytes makes them per weight), its launch's template recorded before (by an earlier weight "
-              "of its key): validation (the weight's use of bitsandbytes' table registered), the weight's plan made "
-              "from the template, its launch")
+              "of its key): validation, the weight's plan made from the template (its fields watched, a finalizer "
+              "on its QuantState), its launch")
 
 
 def _unchecked(plan, kernel, W, q) -> dict:
     """The floor (HOST_COST_FLOOR), the replay alone and the fixed call (FIXED_CALL), built from W's plan: its own
-    allocation and launch, read from the plan's closure, with its checks left out."""
-    out, v = plan(W, q), inspect.getclosurevars(plan).nonlocals
-    launch, head, middle, tail, index, j = (v[name] for name in ("launch", "head", "middle", "tail", "gpu", "j"))
-    size, stride, dtype, device = v["size"], v["stride"], v["dtype"], v["device"]
-    stream = torch._C._cuda_getCurrentRawStream
+    allocation and recorded launch, with its checks left out."""
+    out = plan(W, q)
+    size, stride, dtype, device, gpu = plan.size, plan.stride, plan.dtype, plan.device, plan.gpu
 
     def launch_into(new):
-        if j is None:
-            launch(*head, stream(index), *middle, new.data_ptr(), *tail)
-        else:
-            launch(*head, stream(index), *middle, (*v["before"], new.data_ptr(), *v["after"]), *tail)
+        plan.launch.into(new, gpu)
         return new
 
     layout = kernel.nf4_layout(W, q)
@@ -110,7 +105,8 @@ def _unchecked(plan, kernel, W, q) -> dict:
 
     def fixed_call():
         new = torch.empty_strided(size, stride, dtype=dtype, device=device)
-        compiled.run(*grid3, stream(index), compiled.function, compiled.packed_metadata, None, None, None,
+        stream = torch._C._cuda_getCurrentRawStream(gpu)
+        compiled.run(*grid3, stream, compiled.function, compiled.packed_metadata, None, None, None,
                      *before, new.data_ptr(), *after)
         return new
 
@@ -158,7 +154,7 @@ def host_cost(old_notebook: Path, rounds: int = 45, calls: int = 200) -> dict:
     fresh = iter(fresh)
 
     timed = {"new": lambda: new.triton_dequantize_nf4(layer), "old": lambda: old.triton_dequantize_nf4(layer),
-             **_unchecked(new._plans[new._identity(q)], new, W, q),
+             **_unchecked(new._plans[id(q)], new, W, q),
              "first_call": lambda: new.dequantize_nf4(W, next(fresh)),
              "via_triton": lambda: new.dequantize_nf4_via_triton(W, q), **_slow_path_parts(new, W, q)}
     if "unsloth_fused" in methods:

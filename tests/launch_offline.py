@@ -57,7 +57,7 @@ class Launch:
         self.config = kernel.launch_config(self.layout, CAPABILITY)
         self.grid, self.args, self.constexprs, self.options = kernel.launch_arguments(
             self.layout, self.out, self.config, CAPABILITY)
-        self.key = kernel._key(self.layout, self.config, CAPABILITY, [a.data_ptr() for a in self.args[:6]])
+        self.key = kernel.template_key(self.layout, self.config, CAPABILITY, [a.data_ptr() for a in self.args[:6]])
 
     def triton(self):
         """Triton's own launch into self.out: its compiled kernel, and the bits it "wrote"."""
@@ -71,7 +71,7 @@ class Launch:
         return self.kernel._dequantize_4bit_kernel[self.grid](*self.args, **self.constexprs, **self.options)
 
     def by_plan(self):
-        return self.kernel._launch_by_plan(self.W, self.q, self.layout, self.out, self.config, CAPABILITY)
+        self.kernel.launch_by_plan(self.W, self.q, self.layout, self.out, self.config, CAPABILITY)
 
 
 def case(kernel, nested, dtype):
@@ -80,10 +80,11 @@ def case(kernel, nested, dtype):
     compiled, triton_bits = first.triton()
     fake = offline_gpu.fake_launch_of(compiled)
     first_calls = fake.calls
-    result = {"launched": first.by_plan(), "triton_launches_on_a_new_key": fake.calls - first_calls - 1,
+    first.by_plan()
+    result = {"triton_launches_on_a_new_key": fake.calls - first_calls - 1,
               "template": bool(kernel._templates.get(first.key)),
               "recorded_launch_unchanged": torch.equal(bits(first.out), triton_bits)}
-    plan = kernel._plans.get(kernel._identity(q))
+    plan = kernel._plans.get(id(q))
     result["fast"] = plan is not None
     if plan is not None:
         fast = plan(W, q)
@@ -106,7 +107,7 @@ def case(kernel, nested, dtype):
     out = kernel.dequantize_nf4(W2, q2)  # no plan for q2 yet: its plan from the template
     result["same_key"] = second.key == first.key
     result["second_weight_triton_launches"] = fake.calls - calls - 1  # the plan's launch is one
-    result["second_weight_fast"] = kernel._plans.get(kernel._identity(q2)) is not None
+    result["second_weight_fast"] = kernel._plans.get(id(q2)) is not None
     result["second_weight_matches_triton"] = torch.equal(bits(out), second_bits)
     result["problems"] = fake.problems
     return result
@@ -150,7 +151,7 @@ def hook_before(kernel):
     finally:
         offline_gpu.set_launch_hook(None)
     return {"triton_launches": fake.calls - calls, "template": Launch(kernel, W, q).key in kernel._templates,
-            "output": list(out.shape), "fast": kernel._identity(q) in kernel._plans}
+            "output": list(out.shape), "fast": id(q) in kernel._plans}
 
 
 def converted_offset_first(kernel):
@@ -170,9 +171,9 @@ def converted_offset_first(kernel):
     calls2 = fake.calls
     kernel.dequantize_nf4(W2, q2)
     return {"first_call_launches": first, "later_call_launches": calls2 - calls,
-            "template": bool(kernel._templates.get(launch.key)), "fast": kernel._identity(q) in kernel._plans,
+            "template": bool(kernel._templates.get(launch.key)), "fast": id(q) in kernel._plans,
             "same_key": key2 == launch.key, "other_weight_launches": fake.calls - calls2,
-            "other_weight_fast": kernel._identity(q2) in kernel._plans}
+            "other_weight_fast": id(q2) in kernel._plans}
 
 
 SWEEP = {  # weights Triton may specialize apart
@@ -201,7 +202,7 @@ def sweep(kernel):
         compiled_of_key.setdefault(launch.key, set()).add(id(compiled))
         for _ in range(2):  # the key's first call where it is new, then a plan for this weight
             out = kernel.dequantize_nf4(W, q)
-        plan = kernel._plans.get(kernel._identity(q))
+        plan = kernel._plans.get(id(q))
         fast = plan(W, q) if plan is not None else None
         rows[name] = {"matches_triton": torch.equal(bits(out), triton_bits),
                       "fast": fast is not None, "fast_matches_triton": fast is not None

@@ -31,7 +31,8 @@ def test_a_plain_linear_layer_is_told_what_to_use(kernel):
 def test_a_linear4bit_not_yet_quantized_is_told_so(kernel):
     import bitsandbytes as bnb
     layer = bnb.nn.Linear4bit(256, 64, bias=None, compute_dtype=torch.bfloat16, quant_type="nf4")
-    with pytest.raises(ValueError, match=r"not quantized yet: .*layer.to\('cuda'\)"):
+    with pytest.raises(ValueError, match=r"not quantized yet: bitsandbytes quantizes .* on its first "
+                                         r"\.to\(device\)"):
         kernel.triton_dequantize_nf4(layer)
 
 
@@ -49,9 +50,15 @@ BROKEN_STATES = {
     "output dtype": (lambda qs: setattr(qs, "dtype", torch.int8), TypeError, "output dtype torch.int8"),
     "mismatched shape": (lambda qs: setattr(qs, "shape", torch.Size([64, 512])), ValueError, "pack into"),
     "absmax dtype": (lambda qs: setattr(qs, "absmax", qs.absmax.float()), TypeError,
-                     "double-quantized absmax must be uint8"),
-    "absmax count": (lambda qs: setattr(qs, "absmax", qs.absmax[:-1]), ValueError, "absmax values for"),
-    "codebook dtype": (lambda qs: setattr(qs, "code", qs.code.half()), TypeError, "codebook"),
+                     r"quant_state\.absmax must be torch\.uint8, got torch\.float32"),
+    "absmax count": (lambda qs: setattr(qs, "absmax", qs.absmax[:-1]), ValueError,
+                     r"quant_state\.absmax holds 255 values, not 256"),
+    "codebook dtype": (lambda qs: setattr(qs, "code", qs.code.half()), TypeError,
+                       r"quant_state\.code must be torch\.float32, got torch\.float16"),
+    "state2 absmax count": (lambda qs: setattr(qs.state2, "absmax", qs.state2.absmax[:0]), ValueError,
+                            r"quant_state\.state2\.absmax holds 0 values, not 1"),
+    "state2 blocksize": (lambda qs: setattr(qs.state2, "blocksize", 3), ValueError,
+                         "state2 needs a power-of-two blocksize"),
     "blocksize": (lambda qs: setattr(qs, "blocksize", 48), ValueError, "blocksize 48 is not a power of two"),
     "quant type": (lambda qs: setattr(qs, "quant_type", "int4"), ValueError, "quant_type 'int4'"),
 }

@@ -26,7 +26,7 @@ def test_fast_launch_passes_what_triton_passes(report, layout):
     assert case["template"] and case["fast"], f"Triton {report['triton']}: the fast launch declined"
     assert case["fast_matches_triton"]
     assert case["recorded_launch_unchanged"], "the launch that was recorded passed something else"
-    assert case["launched"] and case["triton_launches_on_a_new_key"] == 2  # its own, then recorded
+    assert case["triton_launches_on_a_new_key"] == 2  # its own, then recorded
 
 
 @pytest.mark.parametrize("layout", ["nested", "plain"])

@@ -2,6 +2,7 @@
 alone, in a fresh process (no model patch, no helpers.py), exact against bitsandbytes and fast on a
 GPU; within its size and free of generated code; imported as a module, with the model patch beside
 it; and TRITON_INTERPRET read as Triton reads it."""
+import ast
 import json
 import os
 import re
@@ -14,7 +15,13 @@ import torch
 
 from kernel_cells import NOTEBOOK, PASTE_UNIT, kernel_cell_sources
 
-PASTE_UNIT_LINES = 450  # the kernel, its wrapper and its launch path, comments included
+# How the paste unit must read (people paste and maintain it): plain code, in numbers
+PASTE_UNIT_LINES = 600  # the kernel, its wrapper and its launch path, comments included
+MEAN_CODE_LINE = 60     # characters, over lines that are neither blank nor a comment
+MAX_LAMBDAS = 2
+MAX_SHORT_NAMES = 4     # names of one or two characters, beyond these:
+USUAL_SHORT_NAMES = {"i", "j", "k", "n", "W", "x"}
+MAX_FUNCTION_LINES = 40  # a host function (a Triton kernel is one GPU program, longer)
 GPU = torch.cuda.is_available()
 EXACT_CHECK = textwrap.dedent("""
     import bitsandbytes as bnb, bitsandbytes.functional as bnbf, json, torch
@@ -48,14 +55,66 @@ def _run(script, cwd, **env):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_the_paste_unit_stays_small_and_generates_no_code():
-    source = _paste_unit()
-    lines = sum(len(cell.splitlines()) for cell in kernel_cell_sources(NOTEBOOK, PASTE_UNIT))
+def _bound_names(tree):
+    """Every name the source binds: assignment and loop targets, parameters, definitions, imports."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            yield node.id
+        elif isinstance(node, ast.arg):
+            yield node.arg
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            yield node.name
+        elif isinstance(node, ast.alias):
+            yield node.asname or node.name.split(".")[0]
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            yield node.name
+
+
+def _top_level_functions(tree):
+    """The cells' top-level functions, those defined under a top-level `if` included."""
+    for node in tree.body:
+        for inner in [node, *(node.body + node.orelse if isinstance(node, ast.If) else [])]:
+            if isinstance(inner, ast.FunctionDef):
+                yield inner
+
+
+def test_the_paste_unit_reads_plainly_and_generates_no_code():
+    cells = kernel_cell_sources(NOTEBOOK, PASTE_UNIT)
+    source = "\n".join(cells)
+    tree = ast.parse(source)
+    lines = sum(len(cell.splitlines()) for cell in cells)
     assert lines <= PASTE_UNIT_LINES, f"the paste unit is {lines} lines"
+    code = [line for line in source.splitlines() if line.strip() and not line.strip().startswith("#")]
+    mean = sum(map(len, code)) / len(code)
+    assert mean <= MEAN_CODE_LINE, f"the mean code line is {mean:.1f} characters"
+    assert ":=" not in source and "noqa" not in source
+    assert sum(isinstance(node, ast.Lambda) for node in ast.walk(tree)) <= MAX_LAMBDAS
+    short = sorted({name for name in _bound_names(tree) if len(name) <= 2} - USUAL_SHORT_NAMES)
+    assert len(short) <= MAX_SHORT_NAMES, f"short names: {short}"
+    undocumented = [f.name for f in _top_level_functions(tree) if not ast.get_docstring(f)]
+    assert not undocumented, f"top-level functions without a docstring: {undocumented}"
+    jitted = {f.name for f in _top_level_functions(tree) if "jit" in ast.unparse(f.decorator_list)}
+    long = [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef) and node.name not in jitted
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
     assert not re.search(r"\b(exec|eval)\s*\(|\bcompile\s*\(\s*['\"f]", source), "generated code"
-    cells = json.loads(NOTEBOOK.read_text())["cells"]
-    tags = {tag for c in cells for tag in c.get("metadata", {}).get("tags", [])}
+    notebook_cells = json.loads(NOTEBOOK.read_text())["cells"]
+    tags = {tag for c in notebook_cells for tag in c.get("metadata", {}).get("tags", [])}
     assert "fast-launch" not in tags, "a launch-path cell outside the paste unit"
+
+
+@pytest.mark.parametrize("missing", [0, 1], ids=["the kernel cell", "the wrapper cell"])
+def test_a_cell_pasted_without_the_one_it_needs_says_which(tmp_path, missing):
+    cells = kernel_cell_sources(NOTEBOOK, PASTE_UNIT)
+    pasted = tmp_path / "pasted.py"
+    pasted.write_text("\n".join(cells[:missing] + cells[missing + 1:]))
+    environment = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, str(pasted)], capture_output=True, text=True,
+                            env=environment, cwd=tmp_path, timeout=300)
+    assert result.returncode != 0
+    title = cells[missing].splitlines()[0].split(":")[0]  # "# @title The kernel"
+    assert f"Run or paste {title[len('# @title '):].lower()} cell first" in result.stderr, result.stderr[-1500:]
 
 
 def test_the_paste_unit_alone_is_exact_and_fast(tmp_path):

@@ -298,12 +298,12 @@ def as_capability(kernel, monkeypatch):
 
     def patch(capability):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-        kernel._capability.cache_clear()
+        kernel._CAPABILITIES.clear()
         return real
 
     yield patch
     monkeypatch.undo()
-    kernel._capability.cache_clear()
+    kernel._CAPABILITIES.clear()
 
 
 def _expected_t4_config(kernel, n):
