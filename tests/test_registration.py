@@ -1,8 +1,9 @@
 """The torch.compile custom op, as far as the CPU can check it."""
+import pytest
 import torch
 
 import helpers
-from conftest import DEVICE
+from conftest import DEVICE, GPU
 from reference import references
 
 
@@ -28,3 +29,14 @@ def test_traced_path_matches(kernel, monkeypatch):
     monkeypatch.setattr(kernel, "FAST_LAUNCH", False)
     out = kernel.dequantize_nf4(W, qs)
     assert all(torch.equal(out, ref) for ref in references(W, qs).values())
+
+
+@pytest.mark.skipif(GPU, reason="the interpreter runs on the CPU; on a GPU test_gpu.py compiles the triton_op")
+def test_torch_compile_works_under_the_interpreter(kernel):
+    # an interpreted kernel cannot be traced, so there the op is an opaque custom_op with a fake:
+    # torch.compile(fullgraph=True) runs it instead of failing inside Dynamo
+    torch._dynamo.reset()
+    layer = helpers.make_layer(48, 256, torch.bfloat16, device=DEVICE)
+    compiled = torch.compile(kernel.triton_dequantize_nf4, fullgraph=True)
+    out = compiled(layer)
+    assert all(torch.equal(out, ref) for ref in references(layer.weight, layer.weight.quant_state).values())
