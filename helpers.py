@@ -4,21 +4,24 @@ here imports the kernel: functions take the callables they run (tests/kernel_cel
   1. Environment and device facts  wrap, environment, versions_line, short_dtype, bytes_moved
   2. The test procedure            METHODS, OURS, BASELINES, SAME_KERNELS, PROCEDURE_CASES, KERNEL_SHAPES,
                                    make_layer, exactness, dequantizers, check_baselines, usable, MLP,
-                                   procedure_bytes, procedure_result, round_ratios, add_splits, time_split,
-                                   saved_per_call (the procedure itself is the notebook's cell tagged `procedure`)
-  3. GPU and host timing           gpu_time, host_time, l2_flush, kernel_table, device_copy_gbs, cpu_cost_table
+                                   procedure_bytes, procedure_result, round_ratios (the procedure itself is the
+                                   notebook's cell tagged `procedure`)
+  3. GPU and host timing           gpu_time, host_time, l2_flush, kernel_table, device_copy_gbs, cpu_cost_table,
+                                   timed_calls, add_call_split (a call's wall = issue + wait, GPU time beside)
   4. torch.compile                 compile_report, compile_claim
   5. Result files                  results_dir, write_results, shown_path
 
 Every number names its clock (MEASUREMENT): GPU time, the GPU's own kernel durations (host time cannot leak
-in as into CUDA events around a Python call); host time; the procedure's wall clock. The GPU is the current
-one; `l2_flush()` keeps a flush buffer per device; anything else global a function changes is restored.
+in as into CUDA events around a Python call); host time; the procedure's wall clock, and its split per call.
+The GPU is the current one; `l2_flush()` keeps a flush buffer per device; anything else global a function
+changes is restored.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
 import datetime
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -359,7 +362,7 @@ def procedure_bytes(scale: int = 1, iterations: int = 1000) -> int:
 def procedure_result(seconds: dict[str, list[list[float]]], iterations: int, scale: int = 1) -> dict:
     """The procedure's table from seconds[method][case][round] (cases in PROCEDURE_CASES order, every
     method in every round): per method the median, min and max of the rounds' totals over the cases
-    (`runs_s`, in round order), and per case its median seconds and wall clock per call."""
+    (`runs_s`, in round order), and per case its median seconds and their wall clock per call (procedure_us)."""
     results = {}
     for name, per_case in seconds.items():
         runs = [sum(rounds) for rounds in zip(*per_case)]
@@ -368,7 +371,8 @@ def procedure_result(seconds: dict[str, list[list[float]]], iterations: int, sca
             hd, m, qlen = hd // scale, m // scale, qlen // scale
             median = _quantile(rounds, 0.5)
             cases.append({"case": f"{bsz}x{qlen}, {hd}->{m}", "weight": f"{m}x{hd}", "dtype": dtype_name(dtype),
-                          "calls": 3 * iterations, "median_s": median, "wall_us": median / (3 * iterations) * 1e6})
+                          "calls": 3 * iterations, "median_s": median,
+                          "procedure_us": median / (3 * iterations) * 1e6})
         results[name] = {"median_s": _quantile(runs, 0.5), "min_s": min(runs), "max_s": max(runs), "runs_s": runs,
                          "cases": cases}
     return results
@@ -380,55 +384,12 @@ def round_ratios(procedure: dict, baseline: str, ours: str = "ours") -> dict:
     return {"median": _quantile(ratios, 0.5), "min": min(ratios), "max": max(ratios), "rounds": len(ratios)}
 
 
-def add_splits(procedure: dict, methods: dict[str, Callable], build_case: Callable, rounds: int = 50):
-    """Where a call's time goes, added to each case of `procedure` per method, on layers rebuilt by
-    `build_case(*case)`: GPU time over `rounds` rounds of the timed loop (up, gate, down, each .t() and
-    synchronized), profiled without an L2 flush as in the procedure; host time per call, GPU idle before it."""
-    calls = 3 * rounds
-    for c, case in enumerate(PROCEDURE_CASES):
-        mlp, _ = build_case(*case)
-        for name, result in procedure.items():
-            dequantize = methods[name]
-
-            def loop():
-                for _ in range(rounds):
-                    for layer in (mlp.up_proj, mlp.gate_proj, mlp.down_proj):
-                        dequantize(layer).t()
-                        synchronize()
-
-            events, layers = _profiled(loop), itertools.cycle(mlp.layers())
-            host = host_time(lambda: dequantize(next(layers)), calls=calls)
-            result["cases"][c].update(gpu_us=sum(e.end_us - e.start_us for e in events) / calls,
-                                      gpu_kernels=len(events) / calls, host_us=host.median_us,
-                                      host_p20_us=host.p20_us, host_p80_us=host.p80_us)
-
-
-def time_split(procedure: dict) -> list[dict]:
-    """Where one call's wall-clock time goes in the procedure, per case and method (µs): GPU time, host
-    time to issue the call, and the rest (launch latency, synchronize, .t(), the loop), negative where
-    the GPU runs a call's first kernels while the host still issues its last. Empty without the split."""
-    return [{"method": method, "case": case["case"], "weight": case["weight"], "dtype": case["dtype"],
-             "wall_us": case["wall_us"], "gpu_us": case["gpu_us"], "host_us": case["host_us"],
-             "rest_us": case["wall_us"] - case["gpu_us"] - case["host_us"]}
-            for method, result in procedure.items() for case in result.get("cases", []) if "gpu_us" in case]
-
-
-def saved_per_call(procedure: dict, baseline: str) -> dict | None:
-    """Of the wall-clock time saved per call against `baseline` over the procedure, how much is kernel
-    (GPU) time and how much the launch path (the rest), µs per call; None without the split."""
-    pairs = list(zip(procedure["ours"].get("cases", []), procedure[baseline].get("cases", [])))
-    if not pairs or not all("gpu_us" in a and "gpu_us" in b for a, b in pairs):
-        return None
-    calls = sum(a["calls"] for a, _ in pairs)
-    saved = sum(a["calls"] * (b["wall_us"] - a["wall_us"]) for a, b in pairs) / calls
-    kernel = sum(a["calls"] * (b["gpu_us"] - a["gpu_us"]) for a, b in pairs) / calls
-    return {"saved_us": saved, "kernel_us": kernel, "launch_path_us": saved - kernel}
-
-
 # 3. GPU and host timing -----------------------------------------------------------------------
 GPU_TIME_METHOD = ("GPU time: summed durations of every kernel, copy and memset one call launches "
                    "(CUPTI via torch.profiler), L2 flushed before each call")
 HOST_TIME_METHOD = "host time: perf_counter around one call issued with the GPU idle (synchronized before, untimed)"
+CALL_SPLIT_METHOD = ("a call of the procedure's loop timed by perf_counter in two parts, issue (the call to its "
+                     "return, .t() included) and wait (inside torch.cuda.synchronize()): wall = issue + wait")
 LAUNCH_REFERENCE_METHOD = (  # result files key it "floor", their older name for it: it is no lower bound
     "torch.empty of the output plus one launch of a trivial compiled Triton kernel (16 stores) through Triton's "
     "CompiledKernel launcher, stream given (compiled[grid](out, stream=s)): no argument binding, specialization or "
@@ -585,6 +546,59 @@ def host_time(fn: Callable[[], object], calls: int = 500) -> Timing:
         samples.append((time.perf_counter() - start) * 1e6)
     synchronize()
     return Timing.of(samples)
+
+
+def timed_calls(dequantize: Callable, layers: Sequence, iterations: int,
+                synchronize: Callable[[], None] = torch.cuda.synchronize,
+                clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
+    """The procedure's timed loop (`iterations` times each of `layers`: dequantize, .t(), synchronize), every
+    call timed in two parts by `clock` (CALL_SPLIT_METHOD): (issue, wait), each in seconds summed over the calls."""
+    issue_s = 0.0
+    wait_s = 0.0
+    for _ in range(iterations):
+        for layer in layers:
+            called = clock()
+            dequantize(layer).t()
+            returned = clock()
+            synchronize()
+            synchronized = clock()
+            issue_s += returned - called
+            wait_s += synchronized - returned
+    return issue_s, wait_s
+
+
+def add_call_split(procedure: dict, methods: dict[str, Callable], build_case: Callable, rounds: int = 5,
+                   iterations: int = 50, synchronize: Callable[[], None] = torch.cuda.synchronize,
+                   clock: Callable[[], float] = time.perf_counter, profile: Callable | None = None) -> None:
+    """Where a call's time goes, added to each case of `procedure` per method (issue_us, wait_us, wall_us, gpu_us,
+    gpu_kernels, split_calls, split_rounds), on layers rebuilt by `build_case(*case)`. The procedure's loop (timed_calls: up,
+    gate, down) twice untimed, then `rounds` rounds of `iterations`, the methods in turn, the order rotated each
+    round; kept: the round of median wall, its issue and wait per call (means over its calls), so wall_us is
+    issue_us + wait_us exactly. GPU time per call (durations of the GPU operations, `profile`: the profiler,
+    no L2 flush as in the procedure) comes from one more round, profiled: beside the sum, not in it."""
+    profile = profile or _profiled
+    names = list(procedure)
+    calls = 3 * iterations
+    for c, case in enumerate(PROCEDURE_CASES):
+        mlp, _ = build_case(*case)
+        layers = (mlp.up_proj, mlp.gate_proj, mlp.down_proj)  # the procedure's order
+        for name in names:
+            timed_calls(methods[name], layers, 2, synchronize, clock)  # a new weight's first calls: untimed
+        rounds_s = {name: [] for name in names}  # per method, (issue_s, wait_s) per round
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                rounds_s[name].append(timed_calls(methods[name], layers, iterations, synchronize, clock))
+        for name in names:
+            issue_s, wait_s = sorted(rounds_s[name], key=sum)[(rounds - 1) // 2]  # the round of median wall
+            loop = functools.partial(timed_calls, methods[name], layers, iterations, synchronize, clock)
+            events = profile(loop)
+            issue_us = issue_s / calls * 1e6
+            wait_us = wait_s / calls * 1e6
+            procedure[name]["cases"][c].update(
+                issue_us=issue_us, wait_us=wait_us, wall_us=issue_us + wait_us,
+                gpu_us=sum(e.end_us - e.start_us for e in events) / calls, gpu_kernels=len(events) / calls,
+                split_calls=calls, split_rounds=rounds)
+        del mlp, layers
 
 
 @triton.jit
@@ -771,7 +785,7 @@ def compile_claim(report: dict) -> str:
 
 # 5. Result files --------------------------------------------------------------------------------
 MEASUREMENT = {"kernel": GPU_TIME_METHOD, "host": HOST_TIME_METHOD, "floor": LAUNCH_REFERENCE_METHOD,
-               "procedure": PROCEDURE_METHOD}  # how each clock measures, in every result file
+               "procedure": PROCEDURE_METHOD, "split": CALL_SPLIT_METHOD}  # how each clock measures: every result file
 
 
 def results_dir(env: dict) -> Path:

@@ -3,8 +3,8 @@ markdown tables and plots. Fetched beside helpers.py; nothing here measures.
 
   1. Score card and run clock  ScoreCard, RunClock, show, wrap, device_note
   2. Tables, as markdown       markdown_table, format_ratio, format_procedure, format_floor,
-                               format_kernel_table, format_cpu_cost, describe_layer,
-                               format_time_split, format_compile_report
+                               format_kernel_table, format_cpu_cost, describe_layer, split_rows, mean_split,
+                               saved_split, format_time_split, format_compile_report
   3. Plots                     plot_procedure, plot_kernel_speedups, plot_bandwidth, plot_time_split
 
 No printed line or table row is longer than MAX_LINE (Colab wraps longer ones), and no wrapped line
@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from helpers import (GPU_TIME_METHOD, HOST_TIME_METHOD, LAUNCH_REFERENCE_METHOD, MAX_LINE, METHODS, OURS,
-                     PROCEDURE_METHOD, SAME_KERNELS, column, dtype_name, saved_per_call, short_dtype, time_split,
-                     versions_line, wrap)
+                     PROCEDURE_METHOD, SAME_KERNELS, column, dtype_name, short_dtype, versions_line, wrap)
 from helpers import BASELINES, T4_COPY_GBS, round_ratios
 
 # 1. Score card and run clock ------------------------------------------------------------------
@@ -284,29 +283,74 @@ def format_cpu_cost(cost: dict, methods: Sequence[str]) -> str:
                         markdown_table(["call", "µs, median", "p20 - p80", "/ reference"], rows)])
 
 
+SPLIT_ROW_KEYS = ("case", "weight", "dtype", "wall_us", "issue_us", "wait_us", "gpu_us")
+
+
+def split_rows(procedure: dict) -> list[dict]:
+    """One row per method and case whose case carries helpers.add_call_split's split, cases in order within each
+    method: the method and SPLIT_ROW_KEYS. Empty for older results."""
+    rows = []
+    for method, result in procedure.items():
+        for case in result.get("cases", []):
+            if "issue_us" not in case:
+                continue
+            row = {"method": method}
+            for key in SPLIT_ROW_KEYS:
+                row[key] = case[key]
+            rows.append(row)
+    return rows
+
+
+def mean_split(cases: Sequence[dict]) -> dict:
+    """A method's split per call over its cases, weighted by their calls: issue_us, wait_us, gpu_us, and
+    wall_us = issue_us + wait_us."""
+    calls = sum(case["calls"] for case in cases)
+    mean = {key: sum(case["calls"] * case[key] for case in cases) / calls for key in ("issue_us", "wait_us", "gpu_us")}
+    mean["wall_us"] = mean["issue_us"] + mean["wait_us"]
+    return mean
+
+
+def saved_split(procedure: dict, baseline: str) -> dict | None:
+    """Per call against `baseline` over the procedure's cases (mean_split of each): issue, wait and GPU time
+    saved, and wall saved = issue saved + wait saved; None unless both carry the split."""
+    ours, base = procedure["ours"].get("cases", []), procedure[baseline].get("cases", [])
+    if not ours or not base or not all("issue_us" in case for case in [*ours, *base]):
+        return None
+    ours_mean, base_mean = mean_split(ours), mean_split(base)
+    saved = {key: base_mean[key] - ours_mean[key] for key in ("issue_us", "wait_us", "gpu_us")}
+    saved["wall_us"] = saved["issue_us"] + saved["wait_us"]
+    return saved
+
+
+SPLIT_COLUMNS = ("**wall** = **issue** + **wait**; issue: from the call to its return (.t() included); wait: inside "
+                 "torch.cuda.synchronize(); **GPU**: the call's kernel durations (CUPTI) in the same loop, which run "
+                 "during the issue and the wait: beside the sum, not part of it")
+
+
 def format_time_split(procedure: dict) -> str:
-    """time_split and saved_per_call as markdown (empty where the procedure ran without the split). No time
-    is negative: where GPU and host work at once (GPU + host > wall) that share is the overlap, the rest 0."""
-    rows = time_split(procedure)
+    """split_rows and saved_split as markdown: per case and method wall = issue + wait with GPU time beside
+    (SPLIT_COLUMNS), then per baseline the time saved per call, split the same way. Empty without the split."""
+    rows = split_rows(procedure)
     if not rows:
         return ""
-    split = [[_weight(r["weight"], r["dtype"]), column(r["method"]),
-              *(f"{v:.1f}" for v in (r["wall_us"], r["gpu_us"], r["host_us"], *_overlap_and_rest(r)))] for r in rows]
-    saved = [[column(b), *(f"{s[k]:.1f}" for k in ("saved_us", "kernel_us", "launch_path_us"))]
-             for b in procedure if b not in OURS for s in [saved_per_call(procedure, b)] if s]
+    first = next(case for case in procedure["ours"]["cases"] if "issue_us" in case)
+    table = [[_weight(r["weight"], r["dtype"]), column(r["method"]),
+              *(f"{r[key]:.1f}" for key in ("wall_us", "issue_us", "wait_us", "gpu_us"))] for r in rows]
+    saved = []
+    for baseline in procedure:
+        split = saved_split(procedure, baseline) if baseline not in OURS else None
+        if split:
+            saved.append([column(baseline), *(f"{split[key]:.1f}" for key in ("wall_us", "issue_us", "wait_us",
+                                                                                  "gpu_us"))])
+    rounds = (f"per call the mean over the {first['split_calls']} calls of the median round by wall, of "
+              f"{first['split_rounds']} rounds")
     return "\n\n".join([
-        wrap("Where one call's time goes inside the procedure, µs per call: wall clock / calls; GPU time (CUPTI) "
-             "in the same loop; host time to issue the call; overlap, GPU and host at work at once (the GPU runs a "
-             "call's first kernels while the host still issues its last); the rest: launch latency, synchronize, "
-             "the loop. wall = GPU + host - overlap + rest."),
-        markdown_table(["weight", "method", "wall", "GPU", "host", "overlap", "rest"], split, "llrrrrr"),
-        "Saved per call against each baseline, µs: kernel time plus the launch path.",
-        markdown_table(["against", "saved", "kernel", "launch path"], saved)])
-
-
-def _overlap_and_rest(row: dict) -> tuple[float, float]:
-    """A time_split row's (overlap, rest), both >= 0: its rest_us where positive, else overlap = -rest_us."""
-    return max(0.0, -row["rest_us"]), max(0.0, row["rest_us"])
+        wrap(f"One call of the procedure's loop, µs ({rounds}, on the procedure's layers built again): "
+             f"{SPLIT_COLUMNS}."),
+        markdown_table(["weight", "method", "wall", "issue", "wait", "GPU, beside"], table, "llrrrr"),
+        wrap("Saved per call against each baseline, µs, weighted by the cases' calls: wall saved = issue saved + wait "
+             "saved; GPU time saved beside."),
+        markdown_table(["against", "wall saved", "issue saved", "wait saved", "GPU saved, beside"], saved)])
 
 
 # compile_report's checks (its keys, as in the result files) as a reader names them, in the order shown
@@ -488,38 +532,34 @@ def plot_bandwidth(rows: Sequence[dict], methods: Sequence[str], env: dict, copy
 
 
 def plot_time_split(procedure: dict, env: dict, path: Path | None = None):
-    """One call of each method in the procedure, a panel per case, as a bar ending at the wall clock per
-    call: host time to issue the call from 0, then the rest (launch latency, synchronize, loop), then GPU
-    time ending at the wall clock. Where GPU and host overlap (GPU + host > wall) the GPU bar starts
-    inside the host bar, the overlap hatched, the rest 0; no bar passes the wall clock, none is negative."""
+    """One call of each method in the procedure's loop, a panel per case: a bar of issue then wait, stacked, ending
+    at wall = issue + wait (its value written past the end), and the GPU time of the same loop as a marker on it:
+    beside the sum, not part of it (it runs during the issue and the wait)."""
     import matplotlib.pyplot as plt
-    rows = time_split(procedure)
+    rows = split_rows(procedure)
     cases = list(dict.fromkeys(r["case"] for r in rows))
     methods = list(dict.fromkeys(r["method"] for r in rows))
     fig, axes = plt.subplots(len(cases), 1, figsize=(FIGURE_WIDTH, 1.6 + len(cases) * (0.6 + 0.35 * len(methods))),
                              squeeze=False, layout="constrained")
     for ax, case in zip(axes[:, 0], cases):
         here = [next(r for r in rows if r["case"] == case and r["method"] == m) for m in methods]
-        ys, walls = list(range(len(methods))), [r["wall_us"] for r in here]
-        host = [min(r["host_us"], r["wall_us"]) for r in here]  # a host time past the wall clock is cut there
-        gpu = [max(0.0, r["wall_us"] - r["gpu_us"]) for r in here]  # where the GPU bar starts
-        ax.barh(ys, host, color="#f5b971", label="host: issue the call (perf_counter, GPU idle before)")
-        ax.barh(ys, [max(0.0, g - h) for g, h in zip(gpu, host)], left=host, color="#d0d0d0",
-                label="rest: launch latency, synchronize, the loop")
-        ax.barh(ys, [w - g for w, g in zip(walls, gpu)], left=gpu, color="#8fd18f",
-                label="GPU: kernel durations (CUPTI) in the same loop")
-        ax.barh(ys, [max(0.0, h - g) for g, h in zip(gpu, host)], left=gpu, color="none", hatch="xx",
-                edgecolor="black", linewidth=0, label="overlap: GPU and host at work at once")
-        ax.scatter(walls, ys, marker="|", s=300, color="black", zorder=3,
-                   label="wall clock per call (the procedure's time.time / calls)")
+        ys = list(range(len(methods)))
+        issue = [r["issue_us"] for r in here]
+        wait = [r["wait_us"] for r in here]
+        gpu = [r["gpu_us"] for r in here]
+        walls = [r["wall_us"] for r in here]
+        ax.barh(ys, issue, color="#f5b971", label="issue: the call to its return, .t() included (perf_counter)")
+        ax.barh(ys, wait, left=issue, color="#9ecae1", label="wait: inside torch.cuda.synchronize() (perf_counter)")
+        ax.scatter(gpu, ys, marker="D", s=40, color="black", zorder=3,
+                   label="GPU time: kernel durations (CUPTI) in the same loop, beside the sum")
         for y, wall in zip(ys, walls):
             ax.annotate(f"{wall:.1f} µs", (wall, y), xytext=(4, 0), textcoords="offset points", va="center",
                         fontsize=FONT_MIN)
-        ax.set_xlim(0, max(walls) * 1.25)
+        ax.set_xlim(0, max(walls + gpu) * 1.25)
         ax.set_title(f"{_weight(here[0]['weight'], here[0]['dtype'])}, {case}", fontsize=10, loc="left")
         ax.set_yticks(ys, [column(m) for m in methods], fontsize=FONT_MIN)
         ax.invert_yaxis()  # first method on top
-    axes[-1, 0].set_xlabel("µs per call")
-    fig.suptitle(f"Where one call's time goes inside the published procedure\n{_subtitle(env)}", fontsize=11)
+    axes[-1, 0].set_xlabel("µs per call: wall = issue + wait")
+    fig.suptitle(f"Where one call's time goes in the published procedure's loop\n{_subtitle(env)}", fontsize=11)
     _legend_below(fig, axes[:, 0])
     return _save(fig, path)

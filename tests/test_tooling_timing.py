@@ -3,6 +3,7 @@ time is the host's, and the procedure's time splits into the two; one flush buff
 torch.compile's report leaves the user's compiled functions alone. CPU tests use synthetic
 profiler events; GPU tests time work whose duration is known."""
 import time
+import types
 
 import numpy
 import pytest
@@ -56,32 +57,91 @@ def test_host_time_measures_the_host():
     assert timing.p20_us <= timing.median_us <= timing.p80_us
 
 
-def _case(calls, wall, gpu, host):
-    return {"case": f"case {calls}", "weight": "64x32", "dtype": "float16", "calls": calls,
-            "median_s": wall * calls / 1e6, "wall_us": wall, "gpu_us": gpu, "host_us": host}
+class FakeMachine:
+    """A clock that moves only when work is done, for add_call_split without a GPU: a method's call takes its
+    issue time (times the layer's `scale`) on the host and leaves its wait for the next synchronize; its GPU
+    operation, of the method's GPU duration, is recorded for the fake profiler."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.pending_wait = 0.0
+        self.events = []
+        self.calls = {}
+
+    def clock(self):
+        return self.now
+
+    def synchronize(self):
+        self.now += self.pending_wait
+        self.pending_wait = 0.0
+
+    def profile(self, work):
+        first = len(self.events)
+        work()
+        return self.events[first:]
+
+    def method(self, name, issue_s, wait_s, gpu_us, hiccup_call=None):
+        """A dequantize; its call number `hiccup_call` (0 = the first, warm-up included) takes 1 s longer."""
+        self.calls[name] = 0
+
+        def dequantize(layer):
+            number = self.calls[name]
+            self.calls[name] += 1
+            self.now += issue_s * layer.scale + (1.0 if number == hiccup_call else 0.0)
+            self.pending_wait = wait_s
+            self.events.append(DeviceEvent(0.0, gpu_us, name))
+            return torch.empty(2, 3)
+
+        return dequantize
 
 
-def test_time_split_and_the_saving_per_call():
-    # two cases of different lengths: the saving is weighted by calls
-    ours = [(3000, 30.0, 12.0, 9.0), (1000, 20.0, 4.0, 8.0)]
-    fused = [(3000, 60.0, 13.0, 45.0), (1000, 50.0, 5.0, 44.0)]
-    procedure = {"ours": {"median_s": 0.1, "cases": [_case(*c) for c in ours]},
-                 "unsloth_fused": {"median_s": 0.2, "cases": [_case(*c) for c in fused]}}
-    rows = helpers.time_split(procedure)
-    assert [(r["method"], r["rest_us"]) for r in rows] == [
-        ("ours", 30.0 - 12.0 - 9.0), ("ours", 20.0 - 4.0 - 8.0),
-        ("unsloth_fused", 60.0 - 13.0 - 45.0), ("unsloth_fused", 50.0 - 5.0 - 44.0)]
-    split = helpers.saved_per_call(procedure, "unsloth_fused")
-    calls = 3000 + 1000
-    assert split["saved_us"] == pytest.approx((3000 * (60 - 30) + 1000 * (50 - 20)) / calls)
-    assert split["kernel_us"] == pytest.approx((3000 * (13 - 12) + 1000 * (5 - 4)) / calls)
-    assert split["launch_path_us"] == pytest.approx(split["saved_us"] - split["kernel_us"])
+def test_the_call_split_adds_up_and_keeps_gpu_time_beside():
+    machine = FakeMachine()
+    built = []
+
+    def build_case(*case):
+        built.append(case)
+        factor = len(built)  # the cases' calls take 1x, 2x, 3x as long on the host
+        layers = {name: types.SimpleNamespace(scale=factor * s) for name, s in (("up", 1), ("gate", 1), ("down", 4))}
+        mlp = types.SimpleNamespace(up_proj=layers["up"], gate_proj=layers["gate"], down_proj=layers["down"])
+        return mlp, None
+
+    iterations, rounds = 4, 3
+    # ours: a call of the first timed round (after 2 warm-up iterations, 6 calls) takes 1 s more: not the median
+    methods = {"ours": machine.method("ours", 10e-6, 5e-6, gpu_us=1000.0, hiccup_call=2 * 3),
+               "bnb": machine.method("bnb", 30e-6, 2e-6, gpu_us=7.0)}
+    procedure = {name: {"median_s": 1.0, "cases": [{"calls": 3000} for _ in helpers.PROCEDURE_CASES]}
+                 for name in methods}
+    helpers.add_call_split(procedure, methods, build_case, rounds=rounds, iterations=iterations,
+                           synchronize=machine.synchronize, clock=machine.clock, profile=machine.profile)
+    assert built == list(helpers.PROCEDURE_CASES)
+    for name, issue_us, wait_us, gpu_us in (("ours", 10.0, 5.0, 1000.0), ("bnb", 30.0, 2.0, 7.0)):
+        for factor, case in enumerate(procedure[name]["cases"], start=1):
+            assert case["wall_us"] == case["issue_us"] + case["wait_us"]  # exactly, in the stored numbers
+            # a call's issue, times the layers' scales (1, 1, 4: a mean of 2), the case's factor
+            assert case["issue_us"] == pytest.approx(issue_us * 2 * factor, rel=1e-9)
+            assert case["wait_us"] == pytest.approx(wait_us, rel=1e-9)
+            assert case["gpu_us"] == gpu_us and case["gpu_kernels"] == 1.0  # beside the sum: ours' GPU time > wall
+            assert (case["split_calls"], case["split_rounds"], case["calls"]) == (3 * iterations, rounds, 3000)
+    assert procedure["ours"]["cases"][0]["wall_us"] < procedure["ours"]["cases"][0]["gpu_us"]
+    # each method: 2 warm-up iterations, `rounds` timed and 1 profiled, per case, 3 calls each
+    assert machine.calls == {name: 3 * 3 * (2 + rounds * iterations + iterations) for name in methods}
 
 
-def test_results_without_the_split_have_none():
-    procedure = {"ours": {"median_s": 0.3}, "bnb": {"median_s": 0.7}}
-    assert helpers.time_split(procedure) == []
-    assert helpers.saved_per_call(procedure, "bnb") is None
+def test_timed_calls_runs_the_procedures_loop_in_its_order():
+    order, machine = [], FakeMachine()
+    layers = [types.SimpleNamespace(scale=1, name=name) for name in ("up", "gate", "down")]
+
+    def dequantize(layer):
+        order.append(layer.name)
+        machine.now += 3e-6
+        machine.pending_wait = 1e-6
+        return torch.empty(2, 3)
+
+    issue_s, wait_s = helpers.timed_calls(dequantize, layers, 2, machine.synchronize, machine.clock)
+    assert order == ["up", "gate", "down"] * 2
+    assert issue_s == pytest.approx(6 * 3e-6) and wait_s == pytest.approx(6 * 1e-6)
+    assert machine.now == pytest.approx(issue_s + wait_s)
 
 
 def test_procedure_result_sums_each_round_over_the_cases():
@@ -94,7 +154,7 @@ def test_procedure_result_sums_each_round_over_the_cases():
     assert [c["weight"] for c in result["ours"]["cases"]] == ["512x128", "256x64", "896x256"]
     assert [c["case"] for c in result["bnb"]["cases"]] == ["2x208, 128->512", "5x48, 64->256", "3x128, 256->896"]
     assert [c["median_s"] for c in result["bnb"]["cases"]] == [3.0, 1.0, 6.0]
-    assert all(c["calls"] == 30 and c["wall_us"] == pytest.approx(c["median_s"] / 30 * 1e6)
+    assert all(c["calls"] == 30 and c["procedure_us"] == pytest.approx(c["median_s"] / 30 * 1e6)
                for c in result["bnb"]["cases"])
     ratios = helpers.round_ratios(result, "bnb")
     assert ratios == {"median": pytest.approx(10.3 / 3.7), "min": pytest.approx(9.5 / 4.5),
@@ -257,13 +317,12 @@ def test_the_procedure_split_on_the_gpu(kernel):
     from kernel_cells import load_procedure_cell
     cell = load_procedure_cell()
     procedure = cell.test_dequantize(methods, methods["bnb"], rounds=1, iterations=20, scale=4)
-    helpers.add_splits(procedure, methods, lambda *case: cell.build_case(*case, scale=4))
+    helpers.add_call_split(procedure, methods, lambda *case: cell.build_case(*case, scale=4), rounds=3,
+                           iterations=10)
     for case in procedure["ours"]["cases"]:
         assert case["gpu_kernels"] == 1.0 and 0 < case["gpu_us"] < case["wall_us"]
-        assert 0 < case["host_us"] < case["wall_us"]
+        assert case["wall_us"] == case["issue_us"] + case["wait_us"] and case["issue_us"] > 0 < case["wait_us"]
     assert all(case["gpu_kernels"] == 3.0 for case in procedure["bnb"]["cases"])
-    assert len(helpers.time_split(procedure)) == 2 * len(helpers.PROCEDURE_CASES)
-    assert helpers.saved_per_call(procedure, "bnb") is not None
 
 
 @pytest.mark.gpu
