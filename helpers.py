@@ -4,12 +4,13 @@ here imports the kernel: functions take the callables they run (tests/kernel_cel
   1. Environment and device facts  wrap, environment, versions_line, short_dtype, bytes_moved
   2. The test procedure            METHODS, OURS, BASELINES, SAME_KERNELS, PROCEDURE_CASES, KERNEL_SHAPES,
                                    make_layer, exactness, dequantizers, check_baselines, usable, MLP,
-                                   procedure_bytes, procedure_result, round_ratios (the procedure itself is the
-                                   notebook's cell tagged `procedure`)
+                                   call_bytes, procedure_bytes, procedure_result, round_ratios (the procedure
+                                   itself is the notebook's cell tagged `procedure`)
   3. GPU and host timing           gpu_time, host_time, l2_flush, kernel_table, device_copy_gbs, cpu_cost_table,
                                    timed_calls, add_call_split (a call's wall = issue + wait, GPU time beside)
-  4. torch.compile                 compile_report, compile_claim
-  5. Result files                  results_dir, write_results, shown_path
+  4. A T4: forecast, emulation     T4_COPY_GBS, t4_forecast, forecast_seconds, is_t4, emulate_t4, PaddedToT4
+  5. torch.compile                 compile_report, compile_claim
+  6. Result files                  results_dir, write_results, shown_path
 
 Every number names its clock (MEASUREMENT): GPU time, the GPU's own kernel durations (host time cannot leak
 in as into CUDA events around a Python call); host time; the procedure's wall clock, and its split per call.
@@ -170,7 +171,6 @@ PROCEDURE_CASES = ((2, 3333, 2048, 8192, 3407, torch.float16),
 # Weight shapes (out, in, dtype) timed kernel-only: the cases' gate and up weights, a 70B-class one.
 KERNEL_SHAPES = tuple((m, hd, dtype) for _, _, hd, m, _, dtype in PROCEDURE_CASES) + ((28672, 8192, torch.bfloat16),)
 PROCEDURE_METHOD = "wall clock (time.time) of the published procedure's timed loop"
-T4_COPY_GBS = 320  # a T4's datasheet bandwidth: the procedure's floor there is procedure_bytes() / this
 
 
 def column(name: str) -> str:
@@ -352,11 +352,16 @@ def mlp_with_weights(X, gate, up, down, act_fn):
     return (act_fn(X @ gate.t()) * (X @ up.t())) @ down.t()
 
 
+def call_bytes(n_elements: int, out_dtype: torch.dtype) -> int:
+    """DRAM bytes one call of the procedure moves: bytes_moved, and an fp32 absmax2 per 16384 weights read."""
+    return bytes_moved(n_elements, out_dtype) + 4 * -(-n_elements // (64 * 256))
+
+
 def procedure_bytes(scale: int = 1, iterations: int = 1000) -> int:
-    """DRAM bytes one run of the procedure moves (601 GB): per call n/2 packed bytes, n/64 absmax codes
-    and an fp32 absmax2 per 16384 weights read, the output written; 3 calls (n = hd * m) an iteration."""
+    """DRAM bytes one run of the procedure moves (601 GB): call_bytes of each of its calls, 3 calls
+    (n = hd * m weights each) an iteration."""
     sizes = [((hd // scale) * (m // scale), dtype) for _, _, hd, m, _, dtype in PROCEDURE_CASES]
-    return sum(3 * iterations * (bytes_moved(n, dtype) + 4 * -(-n // (64 * 256))) for n, dtype in sizes)
+    return sum(3 * iterations * call_bytes(n, dtype) for n, dtype in sizes)
 
 
 def procedure_result(seconds: dict[str, list[list[float]]], iterations: int, scale: int = 1) -> dict:
@@ -681,7 +686,120 @@ def cpu_cost_table(methods: dict[str, Callable]) -> dict:
     return table
 
 
-# 4. torch.compile: what compiles on this GPU, and what it matches ----------------------------
+# 4. A T4: forecast from this run's split, and emulation on this GPU ------------------------------
+# A T4's device-to-device copy, bytes read + written (as device_copy_gbs counts them): CUDA's bandwidthTest
+# measured 239.6 GB/s device to device on a T4. Its datasheet's 320 GB/s is a peak no copy reaches.
+T4_COPY_GBS = 240
+T4_HOST_FACTORS = (1, 2, 3)  # Colab's host is slower than this one by a factor nobody here measured
+T4_FORECAST_METHOD = (
+    "forecast, not a measurement: per call, issue x host factor + GPU time x (this GPU's copy GB/s / a T4's) + the "
+    "wait beyond GPU time (max(wait - GPU, 0)) as measured, times the procedure's calls, summed over its cases")
+EMULATION_METHOD = "each call padded to a T4's GPU time for its bytes (torch.cuda._sleep on the current stream)"
+
+
+def forecast_seconds(cases: Sequence[dict], gpu_scale: float, host_factor: float) -> float:
+    """The procedure's seconds by T4_FORECAST_METHOD's model, from one method's cases (add_call_split's
+    issue_us, wait_us, gpu_us and the procedure's calls): GPU time x gpu_scale, issue x host_factor."""
+    total_us = 0.0
+    for case in cases:
+        wait_beyond_gpu_us = max(case["wait_us"] - case["gpu_us"], 0.0)
+        per_call_us = case["issue_us"] * host_factor + case["gpu_us"] * gpu_scale + wait_beyond_gpu_us
+        total_us += per_call_us * case["calls"]
+    return total_us / 1e6
+
+
+def t4_forecast(procedure: dict, copy_gbs: float, host_factors: Sequence[float] = T4_HOST_FACTORS,
+                t4_gbs: float = T4_COPY_GBS) -> dict | None:
+    """The procedure on a T4, forecast (T4_FORECAST_METHOD) from this run's split: per method its seconds at each
+    host factor, per baseline its seconds / ours at each, and the model's error on this GPU (gpu_scale 1, host
+    factor 1, against this run's measured median). None unless every method's cases carry the split."""
+    for result in procedure.values():
+        if not result.get("cases") or not all("issue_us" in case for case in result["cases"]):
+            return None
+    gpu_scale = copy_gbs / t4_gbs
+    inputs = {"copy_gbs": copy_gbs, "t4_copy_gbs": t4_gbs, "gpu_scale": gpu_scale, "host_factors": list(host_factors),
+              "cases": {name: [{key: case[key] for key in ("case", "calls", "issue_us", "wait_us", "gpu_us")}
+                               for case in result["cases"]] for name, result in procedure.items()}}
+    seconds = {name: [forecast_seconds(result["cases"], gpu_scale, factor) for factor in host_factors]
+               for name, result in procedure.items()}
+    ratios = {name: [base / ours for base, ours in zip(seconds[name], seconds["ours"])]
+              for name in seconds if name in BASELINES}
+    model_error = {}
+    for name, result in procedure.items():
+        model_s = forecast_seconds(result["cases"], 1.0, 1.0)
+        model_error[name] = {"model_s": model_s, "measured_s": result["median_s"],
+                             "error": model_s / result["median_s"] - 1}
+    return {"what": T4_FORECAST_METHOD, "inputs": inputs, "seconds": seconds, "ratios": ratios,
+            "ratio_range": {name: [min(r), max(r)] for name, r in ratios.items()}, "model_error": model_error}
+
+
+def is_t4(env: dict) -> bool:
+    """Whether `env` (environment()) is a T4's: compute capability 7.5 or 'T4' in the GPU's name."""
+    return env.get("capability") == "7.5" or "T4" in str(env.get("gpu"))
+
+
+def t4_pad_us(n_elements: int, out_dtype: torch.dtype, copy_gbs: float, t4_gbs: float = T4_COPY_GBS) -> float:
+    """GPU time a call on n weights lacks here to take a T4's for its bytes (call_bytes): the bytes at a T4's
+    copy bandwidth minus at this GPU's, µs (GB/s x 1e3 = bytes per µs); 0 where this GPU is no faster."""
+    n_bytes = call_bytes(n_elements, out_dtype)
+    return max(n_bytes / (t4_gbs * 1e3) - n_bytes / (copy_gbs * 1e3), 0.0)
+
+
+def sleep_cycles_per_us(cycles: int = 10_000_000, samples: int = 5) -> float:
+    """GPU cycles per µs of torch.cuda._sleep on the current GPU: `cycles` timed by CUDA events, median of
+    `samples` (after one untimed launch, which loads the kernel)."""
+    torch.cuda._sleep(cycles)
+    rates = []
+    for _ in range(samples):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        rates.append(cycles / (start.elapsed_time(end) * 1e3))
+    return _quantile(rates, 0.5)
+
+
+class PaddedToT4:
+    """`dequantize` with each call followed by a GPU sleep (on the current stream, after the call's kernels) that
+    brings the call's GPU time to a T4's for its bytes (t4_pad_us): the same padding for every method, since it
+    depends on the bytes only. Host time stays this machine's; the sleep's own launch adds a little to every call."""
+
+    def __init__(self, dequantize: Callable, copy_gbs: float, cycles_per_us: float,
+                 sleep: Callable[[int], None] = torch.cuda._sleep):
+        self.dequantize = dequantize
+        self.copy_gbs = copy_gbs
+        self.cycles_per_us = cycles_per_us
+        self.sleep = sleep
+
+    def __call__(self, layer):
+        out = self.dequantize(layer)
+        state = layer.weight.quant_state
+        pad_us = t4_pad_us(state.shape.numel(), state.dtype, self.copy_gbs)
+        self.sleep(round(pad_us * self.cycles_per_us))
+        return out
+
+
+def emulate_t4(test_dequantize: Callable, methods: dict[str, Callable], reference: Callable, copy_gbs: float,
+               rounds: int = 1, cycles_per_us: float | None = None,
+               sleep: Callable[[int], None] = torch.cuda._sleep) -> dict:
+    """The procedure (`test_dequantize(methods, reference, rounds)`, the notebook's) on this GPU with every call
+    padded to a T4's GPU time (PaddedToT4); bnb left out where the classic path runs its kernels (SAME_KERNELS).
+    Returns how (`what`, cycles_per_us, the padding per case), each method's median seconds and each baseline's
+    median ratio to ours over the rounds."""
+    cycles_per_us = cycles_per_us or sleep_cycles_per_us()
+    launched_by_another = {same for twin, same in SAME_KERNELS.items() if twin in methods}
+    padded = {name: PaddedToT4(method, copy_gbs, cycles_per_us, sleep)
+              for name, method in methods.items() if name not in launched_by_another}
+    result = test_dequantize(padded, reference, rounds=rounds)
+    pad_us = [t4_pad_us(hd * m, dtype, copy_gbs) for _, _, hd, m, _, dtype in PROCEDURE_CASES]
+    return {"what": EMULATION_METHOD, "cycles_per_us": cycles_per_us, "pad_us": pad_us, "rounds": rounds,
+            "seconds": {name: r["median_s"] for name, r in result.items()},
+            "ratios": {name: round_ratios(result, name)["median"] for name in result if name in BASELINES}}
+
+
+# 5. torch.compile: what compiles on this GPU, and what it matches ----------------------------
 def inductor_refusal(error: BaseException) -> str | None:
     """Why Inductor refused to compile a graph (a SkipFrame: on a GPU without native bf16, compile_fx.py
     _check_triton_bf16_support), found along the error chain, where fullgraph=True wraps it in an
@@ -783,7 +901,7 @@ def compile_claim(report: dict) -> str:
     return "; ".join(parts) if parts else "nothing was compiled"
 
 
-# 5. Result files --------------------------------------------------------------------------------
+# 6. Result files --------------------------------------------------------------------------------
 MEASUREMENT = {"kernel": GPU_TIME_METHOD, "host": HOST_TIME_METHOD, "floor": LAUNCH_REFERENCE_METHOD,
                "procedure": PROCEDURE_METHOD, "split": CALL_SPLIT_METHOD}  # how each clock measures: every result file
 

@@ -2,7 +2,7 @@
 markdown tables and plots. Fetched beside helpers.py; nothing here measures.
 
   1. Score card and run clock  ScoreCard, RunClock, show, wrap, device_note
-  2. Tables, as markdown       markdown_table, format_ratio, format_procedure, format_floor,
+  2. Tables, as markdown       markdown_table, format_ratio, format_procedure, format_floor, format_t4_forecast,
                                format_kernel_table, format_cpu_cost, describe_layer, split_rows, mean_split,
                                saved_split, format_time_split, format_compile_report
   3. Plots                     plot_procedure, plot_kernel_speedups, plot_bandwidth, plot_time_split
@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 from helpers import (GPU_TIME_METHOD, HOST_TIME_METHOD, LAUNCH_REFERENCE_METHOD, MAX_LINE, METHODS, OURS,
                      PROCEDURE_METHOD, SAME_KERNELS, column, dtype_name, short_dtype, versions_line, wrap)
-from helpers import BASELINES, T4_COPY_GBS, round_ratios
+from helpers import BASELINES, T4_COPY_GBS, is_t4, round_ratios
 
 # 1. Score card and run clock ------------------------------------------------------------------
 # The puzzle's marking, in its order: key -> (the criterion and its points, the points it can give).
@@ -227,12 +227,15 @@ def format_procedure(procedure: dict) -> str:
                                        rows)])
 
 
+T4_COPY_SOURCE = "its device-to-device copy by CUDA's bandwidthTest, bytes read + written"
+
+
 def format_floor(procedure: dict | None, n_bytes: int, copy_gbs: float | None) -> str:
     """The procedure's floor on this GPU, `n_bytes` (helpers.procedure_bytes) over its measured copy
     bandwidth `copy_gbs` (read + written), and each method's time as a multiple of it; without a copy
-    bandwidth (no GPU) only the bytes and a T4's floor, by arithmetic."""
-    t4 = (f"On a T4 ({T4_COPY_GBS} GB/s) the floor is {n_bytes / 1e9:.0f} GB / {T4_COPY_GBS} GB/s = "
-          f"{n_bytes / 1e9 / T4_COPY_GBS:.2f} s: arithmetic, not a measurement.")
+    bandwidth (no GPU) only the bytes and a T4's floor (helpers.T4_COPY_GBS), by arithmetic."""
+    t4 = (f"On a T4 ({T4_COPY_GBS} GB/s, {T4_COPY_SOURCE}) the floor is {n_bytes / 1e9:.0f} GB / {T4_COPY_GBS} GB/s "
+          f"= {n_bytes / 1e9 / T4_COPY_GBS:.2f} s: arithmetic, not a measurement.")
     moved = (f"The procedure moves {n_bytes / 1e9:.0f} GB of DRAM traffic: each call reads n/2 packed bytes, "
              "n/64 absmax codes and an absmax2 value per 16384 weights, and writes 2n output bytes.")
     if copy_gbs is None or procedure is None:
@@ -245,6 +248,66 @@ def format_floor(procedure: dict | None, n_bytes: int, copy_gbs: float | None) -
                               f"{floor_s:.3f} s whatever the kernel: the floor. The procedure synchronizes after "
                               f"each call, so host time adds on top. {t4}"),
                         markdown_table(["method", "seconds, median", "x the floor"], rows)])
+
+
+# Public T4 runs of the procedure, for a reader's bearings: their figures, not this project's measurements
+T4_PUBLIC_RUNS = (
+    "Public T4 runs of the procedure, for bearings (theirs, not measured here): fast_dequantize took 3.91 s on a "
+    "Colab T4 (2026, huseyincavusbi/unsloth_puzzles) and 3.914 s on a Modal T4 (2025-11, "
+    "Sohailm25/unsloth_challenges). "
+    "Both most likely ran the classic path: unsloth's released fast_dequantize launched bitsandbytes' three kernels "
+    "until the fused path shipped.")
+EMULATION_CAVEAT = (  # the sm_75 builds' times: the notebook's "The T4 path", from results/<gpu>/t4_code.json
+    "Conservative for ours: every kernel gets the same T4 GPU time for its bytes, while ours' sm_75 build ran "
+    "faster than unsloth's (The T4 path, in the appendix).")
+
+
+def _either(values: Sequence) -> str:
+    """[1, 2, 3] -> '1, 2 or 3'."""
+    if len(values) == 1:
+        return str(values[0])
+    return ", ".join(str(value) for value in values[:-1]) + f" or {values[-1]}"
+
+
+def format_t4_forecast(forecast: dict | None, env: dict) -> str:
+    """helpers.t4_forecast as markdown, labelled a forecast: how it is made, per method its seconds at each host
+    factor and per baseline its ratio to ours over them, the model's error on this GPU; then the emulation
+    (helpers.emulate_t4, forecast["emulated"]) where it ran, or on a T4 that the procedure is the measurement;
+    then public T4 runs for bearings. Without a forecast (no split) only the public runs."""
+    if forecast is None:
+        return wrap(T4_PUBLIC_RUNS)
+    inputs = forecast["inputs"]
+    factors = inputs["host_factors"]
+    calls = sum(case["calls"] for case in inputs["cases"]["ours"])
+    how = (f"**T4 forecast, not a measurement**, from this run's split (*Where the time goes*): per call, GPU time x "
+           f"{inputs['gpu_scale']:.2f} (this GPU's copy bandwidth, {inputs['copy_gbs']:.0f} GB/s, over a T4's "
+           f"{inputs['t4_copy_gbs']} GB/s), issue time x {_either(factors)} (Colab's host is slower than "
+           "this one by a factor not measured here), the wait beyond GPU time as measured; times the procedure's "
+           f"{calls} calls.")
+    rows = []
+    for name, seconds in forecast["seconds"].items():
+        ratios = forecast["ratios"].get(name)
+        ratio = f"{min(ratios):.2f}x - {max(ratios):.2f}x" if ratios else ""
+        rows.append([column(name), *(f"{s:.2f}" for s in seconds), ratio])
+    header = ["method", *(f"forecast, host x{factor}, s" for factor in factors),
+              f"baseline / ours, host x{factors[0]} to x{factors[-1]}"]
+    errors = ", ".join(f"{column(name)} {e['model_s']:.3f} s for {e['measured_s']:.3f} s ({e['error']:+.1%})"
+                       for name, e in forecast["model_error"].items())
+    parts = [wrap(how), markdown_table(header, rows),
+             wrap(f"The model on this GPU (GPU time x 1, issue x 1) against this run's procedure (median): {errors}.")]
+    emulated = forecast.get("emulated")
+    if emulated:
+        shown = []
+        for name, seconds in emulated["seconds"].items():
+            ratio = emulated["ratios"].get(name)
+            shown.append(f"{column(name)} {seconds:.2f} s" + (f" ({ratio:.2f}x)" if ratio else ""))
+        pads = ", ".join(f"{pad:.0f}" for pad in emulated["pad_us"])
+        parts.append(wrap(f"Emulated on {env['gpu']}: {emulated['what']}, {pads} µs a call in the three cases; the "
+                          f"procedure, {emulated['rounds']} round(s): {', '.join(shown)}. {EMULATION_CAVEAT}"))
+    elif is_t4(env):
+        parts.append(wrap("This GPU is a T4: the procedure above is the measurement, so nothing is emulated."))
+    parts.append(wrap(T4_PUBLIC_RUNS))
+    return "\n\n".join(parts)
 
 
 def format_kernel_table(rows: Sequence[dict], methods: Sequence[str]) -> str:

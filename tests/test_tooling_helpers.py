@@ -13,8 +13,8 @@ import helpers
 import report
 from tooling_data import METHODS, kernel_rows, procedure
 
-HELPERS_LINES = 815  # issue 18: what a reviewer reads to see how a number was made (800 until issue 32's per-call
-# split, timed_calls and add_call_split, replaced add_splits, time_split and saved_per_call)
+HELPERS_LINES = 930  # issue 18: what a reviewer reads to see how a number was made (800 until issue 32 added the
+# per-call split and the T4 forecast and emulation, all measuring or made from measurements: about 130 lines)
 
 
 def test_helpers_stays_small_and_measures_while_report_shows():
@@ -487,6 +487,41 @@ def test_older_results_show_no_split():
              "bnb": {"median_s": 0.7, "cases": [{"calls": 3000, "wall_us": 70.0, "gpu_us": 24.0, "host_us": 60.0}]}}
     assert report.split_rows(older) == [] and report.format_time_split(older) == ""
     assert report.saved_split(older, "bnb") is None
+
+
+def _forecast_env(gpu="Synthetic GPU", capability="9.0"):
+    return {"gpu": gpu, "capability": capability}
+
+
+def test_the_t4_forecast_reads_as_a_forecast_and_fits():
+    result = procedure()
+    forecast = helpers.t4_forecast(result, 3000.0)
+    text = report.format_t4_forecast(forecast, _forecast_env())
+    flat = " ".join(text.split())
+    assert "T4 forecast, not a measurement" in flat and "Emulated" not in flat
+    header = ("| method | forecast, host x1, s | forecast, host x2, s | forecast, host x3, s "
+              "| baseline / ours, host x1 to x3 |")
+    rows = _table_rows(text, header)
+    assert [cells[0] for cells in rows] == [helpers.METHODS[m].column for m in METHODS]
+    fused = forecast["ratios"]["unsloth_fused"]
+    assert rows[1] == ["unsloth fused", *(f"{s:.2f}" for s in forecast["seconds"]["unsloth_fused"]),
+                       f"{min(fused):.2f}x - {max(fused):.2f}x"]
+    error = forecast["model_error"]["ours"]
+    assert f"ours {error['model_s']:.3f} s for {error['measured_s']:.3f} s ({error['error']:+.1%})" in flat
+    assert "3.91 s on a Colab T4 (2026, huseyincavusbi/unsloth_puzzles)" in flat
+    assert "3.914 s on a Modal T4 (2025-11, Sohailm25/unsloth_challenges)" in flat
+    forecast["emulated"] = {"what": helpers.EMULATION_METHOD, "cycles_per_us": 1755.0, "pad_us": [160.2, 40.1, 560.7],
+                            "rounds": 1, "seconds": {"ours": 2.78, "unsloth_fused": 3.47},
+                            "ratios": {"unsloth_fused": 3.47 / 2.78}}
+    flat = " ".join(report.format_t4_forecast(forecast, _forecast_env()).split())
+    assert ("Emulated on Synthetic GPU: each call padded to a T4's GPU time for its bytes" in flat
+            and "160, 40, 561 µs a call" in flat and "ours 2.78 s, unsloth fused 3.47 s (1.25x)" in flat)
+    del forecast["emulated"]
+    on_a_t4 = " ".join(report.format_t4_forecast(forecast, _forecast_env("Tesla T4", "7.5")).split())
+    assert "This GPU is a T4: the procedure above is the measurement" in on_a_t4
+    no_split = report.format_t4_forecast(None, _forecast_env())
+    for shown in (text, no_split):
+        assert max(map(len, shown.splitlines())) <= helpers.MAX_LINE and not _block_starts(shown)
 
 
 def test_a_package_whose_import_raises_is_reported_in_the_environment(tmp_path, monkeypatch):

@@ -39,6 +39,11 @@ def test_headline_is_what_the_results_files_give(where):
         f"the {where}'s headline differs from {source}: run `python benchmark.py --headline`")
 
 
+EMULATED = {"what": helpers.EMULATION_METHOD, "cycles_per_us": 1755.0, "pad_us": [160.0, 40.0, 560.0], "rounds": 1,
+            "seconds": {"ours": 2.78, "unsloth_fused": 3.47, "unsloth_classic": 3.21},
+            "ratios": {"unsloth_fused": 3.47 / 2.78, "unsloth_classic": 3.21 / 2.78}}
+
+
 def _results_dir(tmp_path, with_split):
     env = {"gpu": "Synthetic GPU", "driver": "1", "torch": "2", "triton": "3", "bitsandbytes": "4",
            "unsloth": "5", "date": "today"}
@@ -50,6 +55,7 @@ def _results_dir(tmp_path, with_split):
     if with_split:
         results["measurement"] = {"kernel": helpers.GPU_TIME_METHOD}
         results["cpu_cost"] = {f"{m}_us": 10.0 + 5 * i for i, m in enumerate([*METHODS, "floor"])}
+        results["t4_forecast"] = dict(helpers.t4_forecast(procedure, 3000.0), emulated=EMULATED)
     (tmp_path / "notebook.json").write_text(json.dumps(results))
     return str(tmp_path)
 
@@ -69,6 +75,17 @@ def test_headline_from_gpu_time_results(tmp_path):
     saved = report.saved_split(procedure, "unsloth_fused")
     assert (f"of the {saved['wall_us']:.1f} µs saved per call in the procedure's loop, {saved['issue_us']:.1f} µs is "
             f"issue (the call until it returns) and {saved['wait_us']:.1f} µs wait") in text
+    forecast = helpers.t4_forecast(procedure, 3000.0)
+    (row,) = [line for line in text.splitlines() if line.startswith("| **T4 forecast, not a measurement**")]
+    ours, fused = forecast["seconds"]["ours"], forecast["seconds"]["unsloth_fused"]
+    ratio = forecast["ratios"]["unsloth_fused"]
+    assert row.split(" | ")[1:3] == [f"{min(ours):.2f}–{max(ours):.2f}",
+                                     f"{min(fused):.2f}–{max(fused):.2f}, {min(ratio):.2f}–{max(ratio):.2f}x"]
+    (row,) = [line for line in text.splitlines() if line.startswith("| emulated on this GPU, s")]
+    assert row.endswith("| 2.78 | 3.47 (1.25x) | 3.21 (1.15x) |  |")  # bnb: not emulated (the classic path's kernels)
+    worst = max(abs(e["error"]) for e in forecast["model_error"].values())
+    assert f"within {worst:.1%} of this run's procedure times" in text and "forecast, never a measurement" in text
+    assert "3.91 s on a Colab T4" in " ".join(text.split())
     assert "CUPTI" in text and "do_bench" not in text
     assert "| kernel only, 4096x1024 bf16, µs |" in text
     kernel_ratios = [r["unsloth_fused_us"] / r["ours_us"] for r in rows]
@@ -101,6 +118,7 @@ def test_headline_from_results_with_the_older_split_skips_the_new_rows(tmp_path)
     # files written before issue 32: wall_us from the procedure, GPU and host time apart, no issue or wait
     source = _results_dir(tmp_path, with_split=True)
     results = json.loads((tmp_path / "notebook.json").read_text())
+    del results["t4_forecast"]
     for result in results["procedure"].values():
         for case in result["cases"]:
             for key in ("issue_us", "wait_us", "split_calls", "split_rounds", "procedure_us"):

@@ -2,6 +2,7 @@
 time is the host's, and the procedure's time splits into the two; one flush buffer per device, and
 torch.compile's report leaves the user's compiled functions alone. CPU tests use synthetic
 profiler events; GPU tests time work whose duration is known."""
+import json
 import time
 import types
 
@@ -144,6 +145,83 @@ def test_timed_calls_runs_the_procedures_loop_in_its_order():
     assert machine.now == pytest.approx(issue_s + wait_s)
 
 
+def _split_case(calls, issue, wait, gpu):
+    return {"case": f"case {calls}", "calls": calls, "issue_us": issue, "wait_us": wait, "gpu_us": gpu,
+            "wall_us": issue + wait}
+
+
+def test_the_t4_forecast_on_a_fixed_input():
+    # copy 2400 GB/s here, a T4's 240: GPU time x 10; per call issue x f + GPU x 10 + max(wait - GPU, 0)
+    procedure = {"ours": {"median_s": 0.12, "cases": [_split_case(3000, 10.0, 20.0, 15.0),
+                                                      _split_case(1000, 12.0, 4.0, 6.0)]},
+                 "unsloth_fused": {"median_s": 0.29, "cases": [_split_case(3000, 50.0, 30.0, 16.0),
+                                                               _split_case(1000, 40.0, 10.0, 5.0)]}}
+    forecast = helpers.t4_forecast(procedure, 2400.0, host_factors=(1, 2, 3), t4_gbs=240)
+    # ours, f = 1: (10 + 150 + 5) x 3000 + (12 + 60 + 0) x 1000 = 567000 µs; f = 2: 175 and 84; f = 3: 185 and 96
+    assert forecast["seconds"]["ours"] == pytest.approx([0.567, 0.609, 0.651])
+    # fused: (50 + 160 + 14) x 3000 + (40 + 50 + 5) x 1000 = 767000 µs; then 274 and 135; 324 and 175
+    assert forecast["seconds"]["unsloth_fused"] == pytest.approx([0.767, 0.957, 1.147])
+    assert forecast["ratios"]["unsloth_fused"] == pytest.approx([0.767 / 0.567, 0.957 / 0.609, 1.147 / 0.651])
+    assert forecast["ratio_range"]["unsloth_fused"] == pytest.approx([0.767 / 0.567, 1.147 / 0.651])  # 1.35-1.76x
+    assert "ours" not in forecast["ratios"]
+    # the model on this GPU (GPU x 1, issue x 1): ours (10 + 15 + 5) x 3000 + (12 + 6) x 1000 = 0.108 s
+    assert forecast["model_error"]["ours"] == pytest.approx({"model_s": 0.108, "measured_s": 0.12, "error": -0.1})
+    assert forecast["model_error"]["unsloth_fused"] == pytest.approx(
+        {"model_s": 0.29, "measured_s": 0.29, "error": 0.0}, abs=1e-12)  # (50 + 16 + 14) x 3000 + 50 x 1000
+    assert forecast["inputs"]["gpu_scale"] == 10.0 and forecast["inputs"]["host_factors"] == [1, 2, 3]
+    assert forecast["inputs"]["cases"]["ours"][1] == {"case": "case 1000", "calls": 1000, "issue_us": 12.0,
+                                                      "wait_us": 4.0, "gpu_us": 6.0}
+    assert forecast["what"].startswith("forecast, not a measurement")
+    json.dumps(forecast)  # as notebook.json stores it
+
+
+def test_no_forecast_without_the_split():
+    older = {"ours": {"median_s": 0.3, "cases": [{"calls": 3000, "wall_us": 30.0, "gpu_us": 12.0, "host_us": 9.0}]},
+             "bnb": {"median_s": 0.7}}
+    assert helpers.t4_forecast(older, 3000.0) is None
+
+
+def _quant_layer(out_features, in_features, dtype):
+    state = types.SimpleNamespace(shape=torch.Size((out_features, in_features)), dtype=dtype)
+    return types.SimpleNamespace(weight=types.SimpleNamespace(quant_state=state))
+
+
+def test_the_emulation_pads_each_call_by_its_bytes_alike_for_every_method():
+    slept, run = [], []
+    seconds_per_case = {"ours": 1.0, "unsloth_fused": 1.25, "unsloth_classic": 1.5, "bnb": 2.0}
+
+    def test_dequantize(methods, reference, rounds):
+        run.append(list(methods))
+        seconds = {}
+        for name, method in methods.items():
+            for _, _, hd, m, _, dtype in helpers.PROCEDURE_CASES:
+                assert method(_quant_layer(m, hd, dtype)) == name  # the method's own result, passed on
+            seconds[name] = [[seconds_per_case[name]] * rounds for _ in helpers.PROCEDURE_CASES]
+        return helpers.procedure_result(seconds, iterations=1000)
+
+    methods = {name: (lambda layer, name=name: name) for name in seconds_per_case}
+    emulated = helpers.emulate_t4(test_dequantize, methods, None, copy_gbs=480.0, rounds=2, cycles_per_us=1000.0,
+                                  sleep=slept.append)
+    assert run == [["ours", "unsloth_fused", "unsloth_classic"]]  # bnb: the classic path runs its kernels
+    # 8192x2048 fp16: 8388608 packed + 262144 absmax + 33554432 written + 4096 absmax2 bytes = 42209280; at
+    # 240 GB/s minus at 480 GB/s: 42209280 / 480e3 µs = 87.936 µs, x 1000 cycles per µs
+    assert slept[0] == 87936
+    n_bytes = [helpers.call_bytes(hd * m, dtype) for _, _, hd, m, _, dtype in helpers.PROCEDURE_CASES]
+    assert emulated["pad_us"] == pytest.approx([b / 480e3 for b in n_bytes])
+    assert slept == [round(b / 480e3 * 1000) for b in n_bytes] * 3  # the same padding for every method
+    assert emulated["seconds"] == pytest.approx({"ours": 3.0, "unsloth_fused": 3.75, "unsloth_classic": 4.5})
+    assert emulated["ratios"] == pytest.approx({"unsloth_fused": 1.25, "unsloth_classic": 1.5})
+    assert emulated["rounds"] == 2 and emulated["what"] == helpers.EMULATION_METHOD
+    assert helpers.t4_pad_us(1 << 20, torch.float16, copy_gbs=200.0) == 0.0  # no faster than a T4: no padding
+
+
+def test_a_t4_is_known_by_its_capability_or_its_name():
+    assert helpers.is_t4({"gpu": "Tesla T4", "capability": "7.5"})
+    assert helpers.is_t4({"gpu": "Some GPU", "capability": "7.5"})
+    assert not helpers.is_t4({"gpu": "NVIDIA H100 80GB HBM3", "capability": "9.0"})
+    assert not helpers.is_t4({"gpu": "none (CPU, TRITON_INTERPRET=1)", "capability": None})
+
+
 def test_procedure_result_sums_each_round_over_the_cases():
     # seconds[method][case][round]; the speedup is taken round by round, not from the medians
     seconds = {"ours": [[1.0, 2.0, 1.0], [0.5, 0.5, 0.7], [2.0, 2.0, 2.0]],
@@ -168,7 +246,8 @@ def test_the_procedures_bytes_are_601_gb():
                    for _, _, hd, m, _, _ in helpers.PROCEDURE_CASES)
     assert helpers.procedure_bytes() == pytest.approx(expected, rel=1e-9)
     assert round(helpers.procedure_bytes() / 1e9) == 601
-    assert round(helpers.procedure_bytes() / 1e9 / helpers.T4_COPY_GBS, 2) == 1.88
+    assert helpers.T4_COPY_GBS == 240  # a T4's device-to-device copy (CUDA's bandwidthTest: 239.6 GB/s)
+    assert round(helpers.procedure_bytes() / 1e9 / helpers.T4_COPY_GBS, 2) == 2.51
 
 
 def test_the_floor_table(tmp_path):
@@ -178,11 +257,11 @@ def test_the_floor_table(tmp_path):
     text = report.format_floor(result, helpers.procedure_bytes(), 4000.0)
     floor_s = helpers.procedure_bytes() / 1e9 / 4000.0
     flat = " ".join(text.split())
-    assert f"601 GB / 4000 GB/s = {floor_s:.3f} s" in flat and "601 GB / 320 GB/s = 1.88 s" in flat
+    assert f"601 GB / 4000 GB/s = {floor_s:.3f} s" in flat and "601 GB / 240 GB/s = 2.51 s" in flat
     for name, r in result.items():
         assert f"| {helpers.METHODS[name].column} | {r['median_s']:.3f} | {r['median_s'] / floor_s:.2f}x |" in text
     without_gpu = report.format_floor(None, helpers.procedure_bytes(), None)
-    assert "|" not in without_gpu and "601 GB / 320 GB/s = 1.88 s" in " ".join(without_gpu.split())
+    assert "|" not in without_gpu and "601 GB / 240 GB/s = 2.51 s" in " ".join(without_gpu.split())
     assert max(map(len, (text + "\n" + without_gpu).splitlines())) <= helpers.MAX_LINE
 
 
@@ -323,6 +402,20 @@ def test_the_procedure_split_on_the_gpu(kernel):
         assert case["gpu_kernels"] == 1.0 and 0 < case["gpu_us"] < case["wall_us"]
         assert case["wall_us"] == case["issue_us"] + case["wait_us"] and case["issue_us"] > 0 < case["wait_us"]
     assert all(case["gpu_kernels"] == 3.0 for case in procedure["bnb"]["cases"])
+    forecast = helpers.t4_forecast(procedure, helpers.device_copy_gbs())
+    assert all(a < b < c for a, b, c in forecast["seconds"].values())  # more host time, more seconds
+
+
+@pytest.mark.gpu
+def test_the_padding_adds_a_t4s_gpu_time_on_the_current_stream():
+    # one 8192x2048 fp16 call padded to a T4's time for its bytes: its GPU time (CUPTI) grows by the padding
+    layer = helpers.make_layer(8192, 2048, torch.float16)
+    copy_gbs = helpers.device_copy_gbs()
+    padded = helpers.PaddedToT4(_bnb, copy_gbs, helpers.sleep_cycles_per_us())
+    pad_us = helpers.t4_pad_us(8192 * 2048, torch.float16, copy_gbs)
+    alone = helpers.gpu_time(lambda: _bnb(layer), calls=20).median_us
+    with_pad = helpers.gpu_time(lambda: padded(layer), calls=20).median_us
+    assert pad_us > 0 and abs(with_pad - alone - pad_us) <= 0.15 * pad_us + 2.0
 
 
 @pytest.mark.gpu
