@@ -347,11 +347,14 @@ def headline(source: str, where: str) -> str:
         lines.append(f"| the procedure as a multiple of this GPU's floor ({n_bytes / 1e9:.0f} GB / {copy_gbs:.0f} "
                      f"GB/s device copy = {floor_s:.3f} s) | "
                      + " | ".join(f"{procedure[m]['median_s'] / floor_s:.2f}x" for m in methods) + " |")
-    splits = {b: helpers.saved_per_call(procedure, b) for b in baselines}
-    if all(splits.values()):
-        lines.append("| of the time saved per call in the procedure: kernel + launch path, µs | | "
-                     + " | ".join(f"{s['saved_us']:.1f} = {s['kernel_us']:.1f} + {s['launch_path_us']:.1f}"
-                                  for s in splits.values()) + " |")
+    if all(_has_split(procedure[m]) for m in methods):
+        means = [report.mean_split(procedure[m]["cases"]) for m in methods]
+        lines.append("| one call in the procedure's loop, µs: wall = issue + wait (GPU time beside, not in the sum) | "
+                     + " | ".join(f"{s['wall_us']:.1f} = {s['issue_us']:.1f} + {s['wait_us']:.1f} "
+                                  f"(GPU {s['gpu_us']:.1f})" for s in means) + " |")
+    forecast = results.get("t4_forecast")
+    if forecast:
+        lines += _forecast_rows(forecast, methods)
     cost = results.get("cpu_cost", {})
     if all(f"{m}_us" in cost for m in methods):
         lines.append("| host time to issue one call, µs (reference, no lower bound: `torch.empty` + one launch of a "
@@ -364,25 +367,74 @@ def headline(source: str, where: str) -> str:
     calls = sum(case["calls"] for case in procedure["ours"].get("cases", [])) or 9000
     lines += ["", f"Procedure: {helpers.PROCEDURE_METHOD} ({calls} calls). Kernel rows: {_kernel_method(results)}."]
     fused = "unsloth_fused" if "unsloth_fused" in baselines else (baselines[0] if baselines else None)
-    t4 = ("" if "T4" in env["gpu"] else "On a T4, whose kernels run ~13x longer for the same bytes, kernel "
-          "time weighs far more in each call, and the procedure ratio moves toward the kernel ratio. What a T4 "
-          f"should give: the procedure moves {n_bytes / 1e9:.0f} GB, so at a T4's {helpers.T4_COPY_GBS} GB/s it "
-          f"takes at least {n_bytes / 1e9:.0f} GB / {helpers.T4_COPY_GBS} GB/s = "
-          f"{n_bytes / 1e9 / helpers.T4_COPY_GBS:.2f} s whatever the kernel (arithmetic, not a measurement), "
-          "and the host time of its 9000 synchronized calls adds on top.")
-    if fused and splits.get(fused):
+    ratio_sentence = ""
+    if fused:
         kernel_ratios = [r[f"{fused}_us"] / r["ours_us"] for r in rows]
-        split = splits[fused]
-        lines += ["", f"On this GPU the procedure ratio against {helpers.METHODS[fused].prose} is "
-                  f"{report.format_ratio(helpers.round_ratios(procedure, fused))}, its kernel ratios "
-                  f"{min(kernel_ratios):.2f}x to {max(kernel_ratios):.2f}x: of the {split['saved_us']:.1f} µs "
-                  f"saved per call, {split['kernel_us']:.1f} µs is kernel time and {split['launch_path_us']:.1f} µs "
-                  f"the launch path (allocation, launch, synchronize: see *Where the time goes*). {t4}".rstrip()]
-    elif t4:
-        lines += ["", t4]
+        sentence = (f"On this GPU the procedure ratio against {helpers.METHODS[fused].prose} is "
+                    f"{report.format_ratio(helpers.round_ratios(procedure, fused))}, its kernel ratios "
+                    f"{min(kernel_ratios):.2f}x to {max(kernel_ratios):.2f}x")
+        saved = report.saved_split(procedure, fused)
+        if saved:
+            sentence += (f": of the {saved['wall_us']:.1f} µs saved per call in the procedure's loop, "
+                         f"{saved['issue_us']:.1f} µs is issue (the call until it returns) and "
+                         f"{saved['wait_us']:.1f} µs wait (inside synchronize); GPU time saved, beside: "
+                         f"{saved['gpu_us']:.1f} µs (see *Where the time goes*)")
+        ratio_sentence = sentence + "."
+    t4_sentences = []
+    if not helpers.is_t4(env):
+        t4_sentences.append(
+            f"What a T4 should give: the procedure moves {n_bytes / 1e9:.0f} GB, so at a T4's {helpers.T4_COPY_GBS} "
+            f"GB/s ({report.T4_COPY_SOURCE}) it takes at least {n_bytes / 1e9:.0f} GB / {helpers.T4_COPY_GBS} GB/s = "
+            f"{n_bytes / 1e9 / helpers.T4_COPY_GBS:.2f} s whatever the kernel (arithmetic, not a measurement), and "
+            f"the host time of its {calls} synchronized calls adds on top.")
+    if forecast:
+        t4_sentences.append(_forecast_sentence(forecast))
+    for paragraph in (ratio_sentence, " ".join(t4_sentences)):
+        if paragraph:
+            lines += ["", paragraph]
     if where == "readme":
         lines += _benchmark_paragraph(source) + _model_paragraph(source)
     return "\n".join(lines) + "\n"
+
+
+def _has_split(result: dict) -> bool:
+    """Whether a method's procedure result carries the split of each case (older result files do not)."""
+    cases = result.get("cases", [])
+    return bool(cases) and all("issue_us" in case for case in cases)
+
+
+def _forecast_rows(forecast: dict, methods: list[str]) -> list[str]:
+    """The headline's T4 forecast row (seconds over the host factors, baseline / ours) and, where it ran, the
+    emulation's row; a method the forecast or the emulation lacks gets an empty cell."""
+    factors = forecast["inputs"]["host_factors"]
+    cells = []
+    for name in methods:
+        seconds, ratios = forecast["seconds"].get(name), forecast["ratios"].get(name)
+        cell = f"{min(seconds):.2f}–{max(seconds):.2f}" if seconds else ""
+        cells.append(cell + (f", {min(ratios):.2f}–{max(ratios):.2f}x" if ratios else ""))
+    rows = [f"| **T4 forecast, not a measurement**, s: this run's split, GPU time scaled to a T4's copy bandwidth, "
+            f"issue time x{factors[0]} to x{factors[-1]}; baseline / ours | " + " | ".join(cells) + " |"]
+    emulated = forecast.get("emulated")
+    if emulated:
+        cells = []
+        for name in methods:
+            seconds, ratio = emulated["seconds"].get(name), emulated["ratios"].get(name)
+            cell = f"{seconds:.2f}" if seconds is not None else ""
+            cells.append(cell + (f" ({ratio:.2f}x)" if ratio else ""))
+        rows.append(f"| emulated on this GPU, s: the procedure, {emulated['what']} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def _forecast_sentence(forecast: dict) -> str:
+    """How the headline's forecast row is made and how far its model is from this GPU's own procedure times."""
+    worst = max(abs(error["error"]) for error in forecast["model_error"].values())
+    inputs = forecast["inputs"]
+    factors = inputs["host_factors"]
+    return ("The T4 forecast row is arithmetic on this run's own split (a forecast, never a measurement): per call, "
+            f"GPU time x {inputs['gpu_scale']:.2f} (this GPU's copy bandwidth over a T4's), issue time x "
+            f"{factors[0]} to {factors[-1]} (Colab's host is slower by a factor not measured), the wait beyond GPU "
+            f"time as measured; at this GPU's own bandwidth the same model lands within {worst:.1%} of this run's "
+            f"procedure times. {report.T4_PUBLIC_RUNS}")
 
 
 def _model_paragraph(source: str) -> list[str]:
@@ -551,7 +603,11 @@ def main(argv=None):
     reference = methods.get("unsloth_fused", methods["bnb"])
     procedure_cell = load_procedure_cell()  # the notebook's procedure, run as the notebook runs it
     tables["procedure"] = procedure_cell.test_dequantize(methods, reference, rounds=args.rounds)
-    helpers.add_splits(tables["procedure"], methods, procedure_cell.build_case)
+    helpers.add_call_split(tables["procedure"], methods, procedure_cell.build_case)
+    tables["t4_forecast"] = helpers.t4_forecast(tables["procedure"], tables["device_copy_gbs"])
+    if not helpers.is_t4(env):
+        tables["t4_forecast"]["emulated"] = helpers.emulate_t4(procedure_cell.test_dequantize, methods, reference,
+                                                               tables["device_copy_gbs"], rounds=3)
 
     print(report.format_kernel_table(tables["kernel"], list(methods)))
     print(format_graph_check(tables["kernel"], list(methods)))
@@ -559,6 +615,7 @@ def main(argv=None):
     print(report.format_cpu_cost(tables["cpu_cost"], list(methods)))
     print(report.format_procedure(tables["procedure"]))
     print(report.format_time_split(tables["procedure"]))
+    print(report.format_t4_forecast(tables["t4_forecast"], env))
     name = "sweep.json" if args.sweep else "benchmark.json"
     print("wrote", helpers.write_results(helpers.results_dir(env) / name, env, **tables))
 

@@ -4,21 +4,25 @@ here imports the kernel: functions take the callables they run (tests/kernel_cel
   1. Environment and device facts  wrap, environment, versions_line, short_dtype, bytes_moved
   2. The test procedure            METHODS, OURS, BASELINES, SAME_KERNELS, PROCEDURE_CASES, KERNEL_SHAPES,
                                    make_layer, exactness, dequantizers, check_baselines, usable, MLP,
-                                   procedure_bytes, procedure_result, round_ratios, add_splits, time_split,
-                                   saved_per_call (the procedure itself is the notebook's cell tagged `procedure`)
-  3. GPU and host timing           gpu_time, host_time, l2_flush, kernel_table, device_copy_gbs, cpu_cost_table
-  4. torch.compile                 compile_report, compile_claim
-  5. Result files                  results_dir, write_results, shown_path
+                                   call_bytes, procedure_bytes, procedure_result, round_ratios (the procedure
+                                   itself is the notebook's cell tagged `procedure`)
+  3. GPU and host timing           gpu_time, host_time, l2_flush, kernel_table, device_copy_gbs, cpu_cost_table,
+                                   timed_calls, add_call_split (a call's wall = issue + wait, GPU time beside)
+  4. A T4: forecast, emulation     T4_COPY_GBS, t4_forecast, forecast_seconds, is_t4, emulate_t4, PaddedToT4
+  5. torch.compile                 compile_report, compile_claim
+  6. Result files                  results_dir, write_results, shown_path
 
 Every number names its clock (MEASUREMENT): GPU time, the GPU's own kernel durations (host time cannot leak
-in as into CUDA events around a Python call); host time; the procedure's wall clock. The GPU is the current
-one; `l2_flush()` keeps a flush buffer per device; anything else global a function changes is restored.
+in as into CUDA events around a Python call); host time; the procedure's wall clock, and its split per call.
+The GPU is the current one; `l2_flush()` keeps a flush buffer per device; anything else global a function
+changes is restored.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
 import datetime
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -167,7 +171,6 @@ PROCEDURE_CASES = ((2, 3333, 2048, 8192, 3407, torch.float16),
 # Weight shapes (out, in, dtype) timed kernel-only: the cases' gate and up weights, a 70B-class one.
 KERNEL_SHAPES = tuple((m, hd, dtype) for _, _, hd, m, _, dtype in PROCEDURE_CASES) + ((28672, 8192, torch.bfloat16),)
 PROCEDURE_METHOD = "wall clock (time.time) of the published procedure's timed loop"
-T4_COPY_GBS = 320  # a T4's datasheet bandwidth: the procedure's floor there is procedure_bytes() / this
 
 
 def column(name: str) -> str:
@@ -349,17 +352,22 @@ def mlp_with_weights(X, gate, up, down, act_fn):
     return (act_fn(X @ gate.t()) * (X @ up.t())) @ down.t()
 
 
+def call_bytes(n_elements: int, out_dtype: torch.dtype) -> int:
+    """DRAM bytes one call of the procedure moves: bytes_moved, and an fp32 absmax2 per 16384 weights read."""
+    return bytes_moved(n_elements, out_dtype) + 4 * -(-n_elements // (64 * 256))
+
+
 def procedure_bytes(scale: int = 1, iterations: int = 1000) -> int:
-    """DRAM bytes one run of the procedure moves (601 GB): per call n/2 packed bytes, n/64 absmax codes
-    and an fp32 absmax2 per 16384 weights read, the output written; 3 calls (n = hd * m) an iteration."""
+    """DRAM bytes one run of the procedure moves (601 GB): call_bytes of each of its calls, 3 calls
+    (n = hd * m weights each) an iteration."""
     sizes = [((hd // scale) * (m // scale), dtype) for _, _, hd, m, _, dtype in PROCEDURE_CASES]
-    return sum(3 * iterations * (bytes_moved(n, dtype) + 4 * -(-n // (64 * 256))) for n, dtype in sizes)
+    return sum(3 * iterations * call_bytes(n, dtype) for n, dtype in sizes)
 
 
 def procedure_result(seconds: dict[str, list[list[float]]], iterations: int, scale: int = 1) -> dict:
     """The procedure's table from seconds[method][case][round] (cases in PROCEDURE_CASES order, every
     method in every round): per method the median, min and max of the rounds' totals over the cases
-    (`runs_s`, in round order), and per case its median seconds and wall clock per call."""
+    (`runs_s`, in round order), and per case its median seconds and their wall clock per call (procedure_us)."""
     results = {}
     for name, per_case in seconds.items():
         runs = [sum(rounds) for rounds in zip(*per_case)]
@@ -368,7 +376,8 @@ def procedure_result(seconds: dict[str, list[list[float]]], iterations: int, sca
             hd, m, qlen = hd // scale, m // scale, qlen // scale
             median = _quantile(rounds, 0.5)
             cases.append({"case": f"{bsz}x{qlen}, {hd}->{m}", "weight": f"{m}x{hd}", "dtype": dtype_name(dtype),
-                          "calls": 3 * iterations, "median_s": median, "wall_us": median / (3 * iterations) * 1e6})
+                          "calls": 3 * iterations, "median_s": median,
+                          "procedure_us": median / (3 * iterations) * 1e6})
         results[name] = {"median_s": _quantile(runs, 0.5), "min_s": min(runs), "max_s": max(runs), "runs_s": runs,
                          "cases": cases}
     return results
@@ -380,55 +389,12 @@ def round_ratios(procedure: dict, baseline: str, ours: str = "ours") -> dict:
     return {"median": _quantile(ratios, 0.5), "min": min(ratios), "max": max(ratios), "rounds": len(ratios)}
 
 
-def add_splits(procedure: dict, methods: dict[str, Callable], build_case: Callable, rounds: int = 50):
-    """Where a call's time goes, added to each case of `procedure` per method, on layers rebuilt by
-    `build_case(*case)`: GPU time over `rounds` rounds of the timed loop (up, gate, down, each .t() and
-    synchronized), profiled without an L2 flush as in the procedure; host time per call, GPU idle before it."""
-    calls = 3 * rounds
-    for c, case in enumerate(PROCEDURE_CASES):
-        mlp, _ = build_case(*case)
-        for name, result in procedure.items():
-            dequantize = methods[name]
-
-            def loop():
-                for _ in range(rounds):
-                    for layer in (mlp.up_proj, mlp.gate_proj, mlp.down_proj):
-                        dequantize(layer).t()
-                        synchronize()
-
-            events, layers = _profiled(loop), itertools.cycle(mlp.layers())
-            host = host_time(lambda: dequantize(next(layers)), calls=calls)
-            result["cases"][c].update(gpu_us=sum(e.end_us - e.start_us for e in events) / calls,
-                                      gpu_kernels=len(events) / calls, host_us=host.median_us,
-                                      host_p20_us=host.p20_us, host_p80_us=host.p80_us)
-
-
-def time_split(procedure: dict) -> list[dict]:
-    """Where one call's wall-clock time goes in the procedure, per case and method (µs): GPU time, host
-    time to issue the call, and the rest (launch latency, synchronize, .t(), the loop), negative where
-    the GPU runs a call's first kernels while the host still issues its last. Empty without the split."""
-    return [{"method": method, "case": case["case"], "weight": case["weight"], "dtype": case["dtype"],
-             "wall_us": case["wall_us"], "gpu_us": case["gpu_us"], "host_us": case["host_us"],
-             "rest_us": case["wall_us"] - case["gpu_us"] - case["host_us"]}
-            for method, result in procedure.items() for case in result.get("cases", []) if "gpu_us" in case]
-
-
-def saved_per_call(procedure: dict, baseline: str) -> dict | None:
-    """Of the wall-clock time saved per call against `baseline` over the procedure, how much is kernel
-    (GPU) time and how much the launch path (the rest), µs per call; None without the split."""
-    pairs = list(zip(procedure["ours"].get("cases", []), procedure[baseline].get("cases", [])))
-    if not pairs or not all("gpu_us" in a and "gpu_us" in b for a, b in pairs):
-        return None
-    calls = sum(a["calls"] for a, _ in pairs)
-    saved = sum(a["calls"] * (b["wall_us"] - a["wall_us"]) for a, b in pairs) / calls
-    kernel = sum(a["calls"] * (b["gpu_us"] - a["gpu_us"]) for a, b in pairs) / calls
-    return {"saved_us": saved, "kernel_us": kernel, "launch_path_us": saved - kernel}
-
-
 # 3. GPU and host timing -----------------------------------------------------------------------
 GPU_TIME_METHOD = ("GPU time: summed durations of every kernel, copy and memset one call launches "
                    "(CUPTI via torch.profiler), L2 flushed before each call")
 HOST_TIME_METHOD = "host time: perf_counter around one call issued with the GPU idle (synchronized before, untimed)"
+CALL_SPLIT_METHOD = ("a call of the procedure's loop timed by perf_counter in two parts, issue (the call to its "
+                     "return, .t() included) and wait (inside torch.cuda.synchronize()): wall = issue + wait")
 LAUNCH_REFERENCE_METHOD = (  # result files key it "floor", their older name for it: it is no lower bound
     "torch.empty of the output plus one launch of a trivial compiled Triton kernel (16 stores) through Triton's "
     "CompiledKernel launcher, stream given (compiled[grid](out, stream=s)): no argument binding, specialization or "
@@ -587,6 +553,59 @@ def host_time(fn: Callable[[], object], calls: int = 500) -> Timing:
     return Timing.of(samples)
 
 
+def timed_calls(dequantize: Callable, layers: Sequence, iterations: int,
+                synchronize: Callable[[], None] = torch.cuda.synchronize,
+                clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
+    """The procedure's timed loop (`iterations` times each of `layers`: dequantize, .t(), synchronize), every
+    call timed in two parts by `clock` (CALL_SPLIT_METHOD): (issue, wait), each in seconds summed over the calls."""
+    issue_s = 0.0
+    wait_s = 0.0
+    for _ in range(iterations):
+        for layer in layers:
+            called = clock()
+            dequantize(layer).t()
+            returned = clock()
+            synchronize()
+            synchronized = clock()
+            issue_s += returned - called
+            wait_s += synchronized - returned
+    return issue_s, wait_s
+
+
+def add_call_split(procedure: dict, methods: dict[str, Callable], build_case: Callable, rounds: int = 5,
+                   iterations: int = 50, synchronize: Callable[[], None] = torch.cuda.synchronize,
+                   clock: Callable[[], float] = time.perf_counter, profile: Callable | None = None) -> None:
+    """Where a call's time goes, added to each case of `procedure` per method (issue_us, wait_us, wall_us, gpu_us,
+    gpu_kernels, split_calls, split_rounds), on layers rebuilt by `build_case(*case)`. The procedure's loop (timed_calls: up,
+    gate, down) twice untimed, then `rounds` rounds of `iterations`, the methods in turn, the order rotated each
+    round; kept: the round of median wall, its issue and wait per call (means over its calls), so wall_us is
+    issue_us + wait_us exactly. GPU time per call (durations of the GPU operations, `profile`: the profiler,
+    no L2 flush as in the procedure) comes from one more round, profiled: beside the sum, not in it."""
+    profile = profile or _profiled
+    names = list(procedure)
+    calls = 3 * iterations
+    for c, case in enumerate(PROCEDURE_CASES):
+        mlp, _ = build_case(*case)
+        layers = (mlp.up_proj, mlp.gate_proj, mlp.down_proj)  # the procedure's order
+        for name in names:
+            timed_calls(methods[name], layers, 2, synchronize, clock)  # a new weight's first calls: untimed
+        rounds_s = {name: [] for name in names}  # per method, (issue_s, wait_s) per round
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                rounds_s[name].append(timed_calls(methods[name], layers, iterations, synchronize, clock))
+        for name in names:
+            issue_s, wait_s = sorted(rounds_s[name], key=sum)[(rounds - 1) // 2]  # the round of median wall
+            loop = functools.partial(timed_calls, methods[name], layers, iterations, synchronize, clock)
+            events = profile(loop)
+            issue_us = issue_s / calls * 1e6
+            wait_us = wait_s / calls * 1e6
+            procedure[name]["cases"][c].update(
+                issue_us=issue_us, wait_us=wait_us, wall_us=issue_us + wait_us,
+                gpu_us=sum(e.end_us - e.start_us for e in events) / calls, gpu_kernels=len(events) / calls,
+                split_calls=calls, split_rounds=rounds)
+        del mlp, layers
+
+
 @triton.jit
 def _copy_ceiling_kernel(packed_ptr, out_ptr, n_bytes, BYTES: tl.constexpr):
     # Reads the packed bytes and writes two 16-bit values per byte, with no decoding: the bytes
@@ -667,7 +686,120 @@ def cpu_cost_table(methods: dict[str, Callable]) -> dict:
     return table
 
 
-# 4. torch.compile: what compiles on this GPU, and what it matches ----------------------------
+# 4. A T4: forecast from this run's split, and emulation on this GPU ------------------------------
+# A T4's device-to-device copy, bytes read + written (as device_copy_gbs counts them): CUDA's bandwidthTest
+# measured 239.6 GB/s device to device on a T4. Its datasheet's 320 GB/s is a peak no copy reaches.
+T4_COPY_GBS = 240
+T4_HOST_FACTORS = (1, 2, 3)  # Colab's host is slower than this one by a factor nobody here measured
+T4_FORECAST_METHOD = (
+    "forecast, not a measurement: per call, issue x host factor + GPU time x (this GPU's copy GB/s / a T4's) + the "
+    "wait beyond GPU time (max(wait - GPU, 0)) as measured, times the procedure's calls, summed over its cases")
+EMULATION_METHOD = "each call padded to a T4's GPU time for its bytes (torch.cuda._sleep on the current stream)"
+
+
+def forecast_seconds(cases: Sequence[dict], gpu_scale: float, host_factor: float) -> float:
+    """The procedure's seconds by T4_FORECAST_METHOD's model, from one method's cases (add_call_split's
+    issue_us, wait_us, gpu_us and the procedure's calls): GPU time x gpu_scale, issue x host_factor."""
+    total_us = 0.0
+    for case in cases:
+        wait_beyond_gpu_us = max(case["wait_us"] - case["gpu_us"], 0.0)
+        per_call_us = case["issue_us"] * host_factor + case["gpu_us"] * gpu_scale + wait_beyond_gpu_us
+        total_us += per_call_us * case["calls"]
+    return total_us / 1e6
+
+
+def t4_forecast(procedure: dict, copy_gbs: float, host_factors: Sequence[float] = T4_HOST_FACTORS,
+                t4_gbs: float = T4_COPY_GBS) -> dict | None:
+    """The procedure on a T4, forecast (T4_FORECAST_METHOD) from this run's split: per method its seconds at each
+    host factor, per baseline its seconds / ours at each, and the model's error on this GPU (gpu_scale 1, host
+    factor 1, against this run's measured median). None unless every method's cases carry the split."""
+    for result in procedure.values():
+        if not result.get("cases") or not all("issue_us" in case for case in result["cases"]):
+            return None
+    gpu_scale = copy_gbs / t4_gbs
+    inputs = {"copy_gbs": copy_gbs, "t4_copy_gbs": t4_gbs, "gpu_scale": gpu_scale, "host_factors": list(host_factors),
+              "cases": {name: [{key: case[key] for key in ("case", "calls", "issue_us", "wait_us", "gpu_us")}
+                               for case in result["cases"]] for name, result in procedure.items()}}
+    seconds = {name: [forecast_seconds(result["cases"], gpu_scale, factor) for factor in host_factors]
+               for name, result in procedure.items()}
+    ratios = {name: [base / ours for base, ours in zip(seconds[name], seconds["ours"])]
+              for name in seconds if name in BASELINES}
+    model_error = {}
+    for name, result in procedure.items():
+        model_s = forecast_seconds(result["cases"], 1.0, 1.0)
+        model_error[name] = {"model_s": model_s, "measured_s": result["median_s"],
+                             "error": model_s / result["median_s"] - 1}
+    return {"what": T4_FORECAST_METHOD, "inputs": inputs, "seconds": seconds, "ratios": ratios,
+            "ratio_range": {name: [min(r), max(r)] for name, r in ratios.items()}, "model_error": model_error}
+
+
+def is_t4(env: dict) -> bool:
+    """Whether `env` (environment()) is a T4's: compute capability 7.5 or 'T4' in the GPU's name."""
+    return env.get("capability") == "7.5" or "T4" in str(env.get("gpu"))
+
+
+def t4_pad_us(n_elements: int, out_dtype: torch.dtype, copy_gbs: float, t4_gbs: float = T4_COPY_GBS) -> float:
+    """GPU time a call on n weights lacks here to take a T4's for its bytes (call_bytes): the bytes at a T4's
+    copy bandwidth minus at this GPU's, µs (GB/s x 1e3 = bytes per µs); 0 where this GPU is no faster."""
+    n_bytes = call_bytes(n_elements, out_dtype)
+    return max(n_bytes / (t4_gbs * 1e3) - n_bytes / (copy_gbs * 1e3), 0.0)
+
+
+def sleep_cycles_per_us(cycles: int = 10_000_000, samples: int = 5) -> float:
+    """GPU cycles per µs of torch.cuda._sleep on the current GPU: `cycles` timed by CUDA events, median of
+    `samples` (after one untimed launch, which loads the kernel)."""
+    torch.cuda._sleep(cycles)
+    rates = []
+    for _ in range(samples):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        rates.append(cycles / (start.elapsed_time(end) * 1e3))
+    return _quantile(rates, 0.5)
+
+
+class PaddedToT4:
+    """`dequantize` with each call followed by a GPU sleep (on the current stream, after the call's kernels) that
+    brings the call's GPU time to a T4's for its bytes (t4_pad_us): the same padding for every method, since it
+    depends on the bytes only. Host time stays this machine's; the sleep's own launch adds a little to every call."""
+
+    def __init__(self, dequantize: Callable, copy_gbs: float, cycles_per_us: float,
+                 sleep: Callable[[int], None] = torch.cuda._sleep):
+        self.dequantize = dequantize
+        self.copy_gbs = copy_gbs
+        self.cycles_per_us = cycles_per_us
+        self.sleep = sleep
+
+    def __call__(self, layer):
+        out = self.dequantize(layer)
+        state = layer.weight.quant_state
+        pad_us = t4_pad_us(state.shape.numel(), state.dtype, self.copy_gbs)
+        self.sleep(round(pad_us * self.cycles_per_us))
+        return out
+
+
+def emulate_t4(test_dequantize: Callable, methods: dict[str, Callable], reference: Callable, copy_gbs: float,
+               rounds: int = 1, cycles_per_us: float | None = None,
+               sleep: Callable[[int], None] = torch.cuda._sleep) -> dict:
+    """The procedure (`test_dequantize(methods, reference, rounds)`, the notebook's) on this GPU with every call
+    padded to a T4's GPU time (PaddedToT4); bnb left out where the classic path runs its kernels (SAME_KERNELS).
+    Returns how (`what`, cycles_per_us, the padding per case), each method's median seconds and each baseline's
+    median ratio to ours over the rounds."""
+    cycles_per_us = cycles_per_us or sleep_cycles_per_us()
+    launched_by_another = {same for twin, same in SAME_KERNELS.items() if twin in methods}
+    padded = {name: PaddedToT4(method, copy_gbs, cycles_per_us, sleep)
+              for name, method in methods.items() if name not in launched_by_another}
+    result = test_dequantize(padded, reference, rounds=rounds)
+    pad_us = [t4_pad_us(hd * m, dtype, copy_gbs) for _, _, hd, m, _, dtype in PROCEDURE_CASES]
+    return {"what": EMULATION_METHOD, "cycles_per_us": cycles_per_us, "pad_us": pad_us, "rounds": rounds,
+            "seconds": {name: r["median_s"] for name, r in result.items()},
+            "ratios": {name: round_ratios(result, name)["median"] for name in result if name in BASELINES}}
+
+
+# 5. torch.compile: what compiles on this GPU, and what it matches ----------------------------
 def inductor_refusal(error: BaseException) -> str | None:
     """Why Inductor refused to compile a graph (a SkipFrame: on a GPU without native bf16, compile_fx.py
     _check_triton_bf16_support), found along the error chain, where fullgraph=True wraps it in an
@@ -769,9 +901,9 @@ def compile_claim(report: dict) -> str:
     return "; ".join(parts) if parts else "nothing was compiled"
 
 
-# 5. Result files --------------------------------------------------------------------------------
+# 6. Result files --------------------------------------------------------------------------------
 MEASUREMENT = {"kernel": GPU_TIME_METHOD, "host": HOST_TIME_METHOD, "floor": LAUNCH_REFERENCE_METHOD,
-               "procedure": PROCEDURE_METHOD}  # how each clock measures, in every result file
+               "procedure": PROCEDURE_METHOD, "split": CALL_SPLIT_METHOD}  # how each clock measures: every result file
 
 
 def results_dir(env: dict) -> Path:

@@ -2,9 +2,9 @@
 markdown tables and plots. Fetched beside helpers.py; nothing here measures.
 
   1. Score card and run clock  ScoreCard, RunClock, show, wrap, device_note
-  2. Tables, as markdown       markdown_table, format_ratio, format_procedure, format_floor,
-                               format_kernel_table, format_cpu_cost, describe_layer,
-                               format_time_split, format_compile_report
+  2. Tables, as markdown       markdown_table, format_ratio, format_procedure, format_floor, format_t4_forecast,
+                               format_kernel_table, format_cpu_cost, describe_layer, split_rows, mean_split,
+                               saved_split, format_time_split, format_compile_report
   3. Plots                     plot_procedure, plot_kernel_speedups, plot_bandwidth, plot_time_split
 
 No printed line or table row is longer than MAX_LINE (Colab wraps longer ones), and no wrapped line
@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from helpers import (GPU_TIME_METHOD, HOST_TIME_METHOD, LAUNCH_REFERENCE_METHOD, MAX_LINE, METHODS, OURS,
-                     PROCEDURE_METHOD, SAME_KERNELS, column, dtype_name, saved_per_call, short_dtype, time_split,
-                     versions_line, wrap)
-from helpers import BASELINES, T4_COPY_GBS, round_ratios
+                     PROCEDURE_METHOD, SAME_KERNELS, column, dtype_name, short_dtype, versions_line, wrap)
+from helpers import BASELINES, T4_COPY_GBS, is_t4, round_ratios
 
 # 1. Score card and run clock ------------------------------------------------------------------
 # The puzzle's marking, in its order: key -> (the criterion and its points, the points it can give).
@@ -228,12 +227,15 @@ def format_procedure(procedure: dict) -> str:
                                        rows)])
 
 
+T4_COPY_SOURCE = "its device-to-device copy by CUDA's bandwidthTest, bytes read + written"
+
+
 def format_floor(procedure: dict | None, n_bytes: int, copy_gbs: float | None) -> str:
     """The procedure's floor on this GPU, `n_bytes` (helpers.procedure_bytes) over its measured copy
     bandwidth `copy_gbs` (read + written), and each method's time as a multiple of it; without a copy
-    bandwidth (no GPU) only the bytes and a T4's floor, by arithmetic."""
-    t4 = (f"On a T4 ({T4_COPY_GBS} GB/s) the floor is {n_bytes / 1e9:.0f} GB / {T4_COPY_GBS} GB/s = "
-          f"{n_bytes / 1e9 / T4_COPY_GBS:.2f} s: arithmetic, not a measurement.")
+    bandwidth (no GPU) only the bytes and a T4's floor (helpers.T4_COPY_GBS), by arithmetic."""
+    t4 = (f"On a T4 ({T4_COPY_GBS} GB/s, {T4_COPY_SOURCE}) the floor is {n_bytes / 1e9:.0f} GB / {T4_COPY_GBS} GB/s "
+          f"= {n_bytes / 1e9 / T4_COPY_GBS:.2f} s: arithmetic, not a measurement.")
     moved = (f"The procedure moves {n_bytes / 1e9:.0f} GB of DRAM traffic: each call reads n/2 packed bytes, "
              "n/64 absmax codes and an absmax2 value per 16384 weights, and writes 2n output bytes.")
     if copy_gbs is None or procedure is None:
@@ -246,6 +248,66 @@ def format_floor(procedure: dict | None, n_bytes: int, copy_gbs: float | None) -
                               f"{floor_s:.3f} s whatever the kernel: the floor. The procedure synchronizes after "
                               f"each call, so host time adds on top. {t4}"),
                         markdown_table(["method", "seconds, median", "x the floor"], rows)])
+
+
+# Public T4 runs of the procedure, for a reader's bearings: their figures, not this project's measurements
+T4_PUBLIC_RUNS = (
+    "Public T4 runs of the procedure, for bearings (theirs, not measured here): fast_dequantize took 3.91 s on a "
+    "Colab T4 (2026, huseyincavusbi/unsloth_puzzles) and 3.914 s on a Modal T4 (2025-11, "
+    "Sohailm25/unsloth_challenges). "
+    "Both most likely ran the classic path: unsloth's released fast_dequantize launched bitsandbytes' three kernels "
+    "until the fused path shipped.")
+EMULATION_CAVEAT = (  # the sm_75 builds' times: the notebook's "The T4 path", from results/<gpu>/t4_code.json
+    "Conservative for ours: every kernel gets the same T4 GPU time for its bytes, while ours' sm_75 build ran "
+    "faster than unsloth's (The T4 path, in the appendix).")
+
+
+def _either(values: Sequence) -> str:
+    """[1, 2, 3] -> '1, 2 or 3'."""
+    if len(values) == 1:
+        return str(values[0])
+    return ", ".join(str(value) for value in values[:-1]) + f" or {values[-1]}"
+
+
+def format_t4_forecast(forecast: dict | None, env: dict) -> str:
+    """helpers.t4_forecast as markdown, labelled a forecast: how it is made, per method its seconds at each host
+    factor and per baseline its ratio to ours over them, the model's error on this GPU; then the emulation
+    (helpers.emulate_t4, forecast["emulated"]) where it ran, or on a T4 that the procedure is the measurement;
+    then public T4 runs for bearings. Without a forecast (no split) only the public runs."""
+    if forecast is None:
+        return wrap(T4_PUBLIC_RUNS)
+    inputs = forecast["inputs"]
+    factors = inputs["host_factors"]
+    calls = sum(case["calls"] for case in inputs["cases"]["ours"])
+    how = (f"**T4 forecast, not a measurement**, from this run's split (*Where the time goes*): per call, GPU time x "
+           f"{inputs['gpu_scale']:.2f} (this GPU's copy bandwidth, {inputs['copy_gbs']:.0f} GB/s, over a T4's "
+           f"{inputs['t4_copy_gbs']} GB/s), issue time x {_either(factors)} (Colab's host is slower than "
+           "this one by a factor not measured here), the wait beyond GPU time as measured; times the procedure's "
+           f"{calls} calls.")
+    rows = []
+    for name, seconds in forecast["seconds"].items():
+        ratios = forecast["ratios"].get(name)
+        ratio = f"{min(ratios):.2f}x - {max(ratios):.2f}x" if ratios else ""
+        rows.append([column(name), *(f"{s:.2f}" for s in seconds), ratio])
+    header = ["method", *(f"forecast, host x{factor}, s" for factor in factors),
+              f"baseline / ours, host x{factors[0]} to x{factors[-1]}"]
+    errors = ", ".join(f"{column(name)} {e['model_s']:.3f} s for {e['measured_s']:.3f} s ({e['error']:+.1%})"
+                       for name, e in forecast["model_error"].items())
+    parts = [wrap(how), markdown_table(header, rows),
+             wrap(f"The model on this GPU (GPU time x 1, issue x 1) against this run's procedure (median): {errors}.")]
+    emulated = forecast.get("emulated")
+    if emulated:
+        shown = []
+        for name, seconds in emulated["seconds"].items():
+            ratio = emulated["ratios"].get(name)
+            shown.append(f"{column(name)} {seconds:.2f} s" + (f" ({ratio:.2f}x)" if ratio else ""))
+        pads = ", ".join(f"{pad:.0f}" for pad in emulated["pad_us"])
+        parts.append(wrap(f"Emulated on {env['gpu']}: {emulated['what']}, {pads} µs a call in the three cases; the "
+                          f"procedure, {emulated['rounds']} round(s): {', '.join(shown)}. {EMULATION_CAVEAT}"))
+    elif is_t4(env):
+        parts.append(wrap("This GPU is a T4: the procedure above is the measurement, so nothing is emulated."))
+    parts.append(wrap(T4_PUBLIC_RUNS))
+    return "\n\n".join(parts)
 
 
 def format_kernel_table(rows: Sequence[dict], methods: Sequence[str]) -> str:
@@ -284,29 +346,74 @@ def format_cpu_cost(cost: dict, methods: Sequence[str]) -> str:
                         markdown_table(["call", "µs, median", "p20 - p80", "/ reference"], rows)])
 
 
+SPLIT_ROW_KEYS = ("case", "weight", "dtype", "wall_us", "issue_us", "wait_us", "gpu_us")
+
+
+def split_rows(procedure: dict) -> list[dict]:
+    """One row per method and case whose case carries helpers.add_call_split's split, cases in order within each
+    method: the method and SPLIT_ROW_KEYS. Empty for older results."""
+    rows = []
+    for method, result in procedure.items():
+        for case in result.get("cases", []):
+            if "issue_us" not in case:
+                continue
+            row = {"method": method}
+            for key in SPLIT_ROW_KEYS:
+                row[key] = case[key]
+            rows.append(row)
+    return rows
+
+
+def mean_split(cases: Sequence[dict]) -> dict:
+    """A method's split per call over its cases, weighted by their calls: issue_us, wait_us, gpu_us, and
+    wall_us = issue_us + wait_us."""
+    calls = sum(case["calls"] for case in cases)
+    mean = {key: sum(case["calls"] * case[key] for case in cases) / calls for key in ("issue_us", "wait_us", "gpu_us")}
+    mean["wall_us"] = mean["issue_us"] + mean["wait_us"]
+    return mean
+
+
+def saved_split(procedure: dict, baseline: str) -> dict | None:
+    """Per call against `baseline` over the procedure's cases (mean_split of each): issue, wait and GPU time
+    saved, and wall saved = issue saved + wait saved; None unless both carry the split."""
+    ours, base = procedure["ours"].get("cases", []), procedure[baseline].get("cases", [])
+    if not ours or not base or not all("issue_us" in case for case in [*ours, *base]):
+        return None
+    ours_mean, base_mean = mean_split(ours), mean_split(base)
+    saved = {key: base_mean[key] - ours_mean[key] for key in ("issue_us", "wait_us", "gpu_us")}
+    saved["wall_us"] = saved["issue_us"] + saved["wait_us"]
+    return saved
+
+
+SPLIT_COLUMNS = ("**wall** = **issue** + **wait**; issue: from the call to its return (.t() included); wait: inside "
+                 "torch.cuda.synchronize(); **GPU**: the call's kernel durations (CUPTI) in the same loop, which run "
+                 "during the issue and the wait: beside the sum, not part of it")
+
+
 def format_time_split(procedure: dict) -> str:
-    """time_split and saved_per_call as markdown (empty where the procedure ran without the split). No time
-    is negative: where GPU and host work at once (GPU + host > wall) that share is the overlap, the rest 0."""
-    rows = time_split(procedure)
+    """split_rows and saved_split as markdown: per case and method wall = issue + wait with GPU time beside
+    (SPLIT_COLUMNS), then per baseline the time saved per call, split the same way. Empty without the split."""
+    rows = split_rows(procedure)
     if not rows:
         return ""
-    split = [[_weight(r["weight"], r["dtype"]), column(r["method"]),
-              *(f"{v:.1f}" for v in (r["wall_us"], r["gpu_us"], r["host_us"], *_overlap_and_rest(r)))] for r in rows]
-    saved = [[column(b), *(f"{s[k]:.1f}" for k in ("saved_us", "kernel_us", "launch_path_us"))]
-             for b in procedure if b not in OURS for s in [saved_per_call(procedure, b)] if s]
+    first = next(case for case in procedure["ours"]["cases"] if "issue_us" in case)
+    table = [[_weight(r["weight"], r["dtype"]), column(r["method"]),
+              *(f"{r[key]:.1f}" for key in ("wall_us", "issue_us", "wait_us", "gpu_us"))] for r in rows]
+    saved = []
+    for baseline in procedure:
+        split = saved_split(procedure, baseline) if baseline not in OURS else None
+        if split:
+            saved.append([column(baseline), *(f"{split[key]:.1f}" for key in ("wall_us", "issue_us", "wait_us",
+                                                                                  "gpu_us"))])
+    rounds = (f"per call the mean over the {first['split_calls']} calls of the median round by wall, of "
+              f"{first['split_rounds']} rounds")
     return "\n\n".join([
-        wrap("Where one call's time goes inside the procedure, µs per call: wall clock / calls; GPU time (CUPTI) "
-             "in the same loop; host time to issue the call; overlap, GPU and host at work at once (the GPU runs a "
-             "call's first kernels while the host still issues its last); the rest: launch latency, synchronize, "
-             "the loop. wall = GPU + host - overlap + rest."),
-        markdown_table(["weight", "method", "wall", "GPU", "host", "overlap", "rest"], split, "llrrrrr"),
-        "Saved per call against each baseline, µs: kernel time plus the launch path.",
-        markdown_table(["against", "saved", "kernel", "launch path"], saved)])
-
-
-def _overlap_and_rest(row: dict) -> tuple[float, float]:
-    """A time_split row's (overlap, rest), both >= 0: its rest_us where positive, else overlap = -rest_us."""
-    return max(0.0, -row["rest_us"]), max(0.0, row["rest_us"])
+        wrap(f"One call of the procedure's loop, µs ({rounds}, on the procedure's layers built again): "
+             f"{SPLIT_COLUMNS}."),
+        markdown_table(["weight", "method", "wall", "issue", "wait", "GPU, beside"], table, "llrrrr"),
+        wrap("Saved per call against each baseline, µs, weighted by the cases' calls: wall saved = issue saved + wait "
+             "saved; GPU time saved beside."),
+        markdown_table(["against", "wall saved", "issue saved", "wait saved", "GPU saved, beside"], saved)])
 
 
 # compile_report's checks (its keys, as in the result files) as a reader names them, in the order shown
@@ -488,38 +595,34 @@ def plot_bandwidth(rows: Sequence[dict], methods: Sequence[str], env: dict, copy
 
 
 def plot_time_split(procedure: dict, env: dict, path: Path | None = None):
-    """One call of each method in the procedure, a panel per case, as a bar ending at the wall clock per
-    call: host time to issue the call from 0, then the rest (launch latency, synchronize, loop), then GPU
-    time ending at the wall clock. Where GPU and host overlap (GPU + host > wall) the GPU bar starts
-    inside the host bar, the overlap hatched, the rest 0; no bar passes the wall clock, none is negative."""
+    """One call of each method in the procedure's loop, a panel per case: a bar of issue then wait, stacked, ending
+    at wall = issue + wait (its value written past the end), and the GPU time of the same loop as a marker on it:
+    beside the sum, not part of it (it runs during the issue and the wait)."""
     import matplotlib.pyplot as plt
-    rows = time_split(procedure)
+    rows = split_rows(procedure)
     cases = list(dict.fromkeys(r["case"] for r in rows))
     methods = list(dict.fromkeys(r["method"] for r in rows))
     fig, axes = plt.subplots(len(cases), 1, figsize=(FIGURE_WIDTH, 1.6 + len(cases) * (0.6 + 0.35 * len(methods))),
                              squeeze=False, layout="constrained")
     for ax, case in zip(axes[:, 0], cases):
         here = [next(r for r in rows if r["case"] == case and r["method"] == m) for m in methods]
-        ys, walls = list(range(len(methods))), [r["wall_us"] for r in here]
-        host = [min(r["host_us"], r["wall_us"]) for r in here]  # a host time past the wall clock is cut there
-        gpu = [max(0.0, r["wall_us"] - r["gpu_us"]) for r in here]  # where the GPU bar starts
-        ax.barh(ys, host, color="#f5b971", label="host: issue the call (perf_counter, GPU idle before)")
-        ax.barh(ys, [max(0.0, g - h) for g, h in zip(gpu, host)], left=host, color="#d0d0d0",
-                label="rest: launch latency, synchronize, the loop")
-        ax.barh(ys, [w - g for w, g in zip(walls, gpu)], left=gpu, color="#8fd18f",
-                label="GPU: kernel durations (CUPTI) in the same loop")
-        ax.barh(ys, [max(0.0, h - g) for g, h in zip(gpu, host)], left=gpu, color="none", hatch="xx",
-                edgecolor="black", linewidth=0, label="overlap: GPU and host at work at once")
-        ax.scatter(walls, ys, marker="|", s=300, color="black", zorder=3,
-                   label="wall clock per call (the procedure's time.time / calls)")
+        ys = list(range(len(methods)))
+        issue = [r["issue_us"] for r in here]
+        wait = [r["wait_us"] for r in here]
+        gpu = [r["gpu_us"] for r in here]
+        walls = [r["wall_us"] for r in here]
+        ax.barh(ys, issue, color="#f5b971", label="issue: the call to its return, .t() included (perf_counter)")
+        ax.barh(ys, wait, left=issue, color="#9ecae1", label="wait: inside torch.cuda.synchronize() (perf_counter)")
+        ax.scatter(gpu, ys, marker="D", s=40, color="black", zorder=3,
+                   label="GPU time: kernel durations (CUPTI) in the same loop, beside the sum")
         for y, wall in zip(ys, walls):
             ax.annotate(f"{wall:.1f} µs", (wall, y), xytext=(4, 0), textcoords="offset points", va="center",
                         fontsize=FONT_MIN)
-        ax.set_xlim(0, max(walls) * 1.25)
+        ax.set_xlim(0, max(walls + gpu) * 1.25)
         ax.set_title(f"{_weight(here[0]['weight'], here[0]['dtype'])}, {case}", fontsize=10, loc="left")
         ax.set_yticks(ys, [column(m) for m in methods], fontsize=FONT_MIN)
         ax.invert_yaxis()  # first method on top
-    axes[-1, 0].set_xlabel("µs per call")
-    fig.suptitle(f"Where one call's time goes inside the published procedure\n{_subtitle(env)}", fontsize=11)
+    axes[-1, 0].set_xlabel("µs per call: wall = issue + wait")
+    fig.suptitle(f"Where one call's time goes in the published procedure's loop\n{_subtitle(env)}", fontsize=11)
     _legend_below(fig, axes[:, 0])
     return _save(fig, path)

@@ -168,25 +168,28 @@ def test_procedure_plot_has_the_target_line(tmp_path):
     _reads_at_a_glance(fig, tmp_path / "p.png")
 
 
-def test_time_split_bars_end_at_the_wall_clock(tmp_path):
+def test_time_split_stacks_issue_and_wait_and_marks_gpu_time_beside(tmp_path):
     result = procedure()
     fig = report.plot_time_split(result, ENV, tmp_path / "t.png")
-    assert VERSIONS in fig.get_suptitle() and any("CUPTI" in label for label in _labels(fig.axes[0]))
-    rows = helpers.time_split(result)
+    assert VERSIONS in fig.get_suptitle()
+    labels = [label for ax in fig.axes for label in _labels(ax)]
+    assert any("CUPTI" in label and "beside the sum" in label for label in labels)
+    rows = report.split_rows(result)
+    assert any(r["gpu_us"] > r["wait_us"] for r in rows)  # GPU time past the wait: it is no part of the stack
     for ax, case in zip(fig.axes, ("case 0", "case 1")):
         here = [r for r in rows if r["case"] == case]
         assert "fp16" in ax.get_title(loc="left") or "bf16" in ax.get_title(loc="left")
-        host, rest, gpu, overlap = [ax.patches[i * len(here):(i + 1) * len(here)] for i in range(4)]
-        for r, h, g, o, s in zip(here, host, gpu, overlap, rest):
-            assert h.get_x() == 0 and h.get_width() == pytest.approx(r["host_us"])
-            assert g.get_x() + g.get_width() == pytest.approx(r["wall_us"])  # the stack ends at the wall clock
-            assert g.get_width() == pytest.approx(r["gpu_us"])
-            assert o.get_width() == pytest.approx(max(0.0, -r["rest_us"]))  # overlap hatched, where there is one
-            assert s.get_width() == pytest.approx(max(0.0, r["rest_us"]))
-        assert max(p.get_x() + p.get_width() for p in ax.patches) <= max(r["wall_us"] for r in here) + 1e-9
-        assert min(p.get_width() for p in ax.patches) >= 0 and min(p.get_x() for p in ax.patches) >= 0
-    assert any(r["rest_us"] < 0 for r in rows)  # the synthetic data has overlap to draw
+        issue, wait = ax.patches[:len(here)], ax.patches[len(here):]
+        assert len(wait) == len(here)
+        for r, i, w in zip(here, issue, wait):
+            assert i.get_x() == 0 and i.get_width() == pytest.approx(r["issue_us"])
+            assert w.get_x() == pytest.approx(r["issue_us"]) and w.get_width() == pytest.approx(r["wait_us"])
+            assert w.get_x() + w.get_width() == pytest.approx(r["wall_us"])  # the stack ends at wall = issue + wait
+        (markers,) = ax.collections
+        assert [x for x, _ in markers.get_offsets()] == pytest.approx([r["gpu_us"] for r in here])
+        assert [t.get_text() for t in ax.texts] == [f"{r['wall_us']:.1f} µs" for r in here]
     _legend_covers_no_text(fig)
+    _labels_apart(fig)
     _reads_at_a_glance(fig, tmp_path / "t.png")
 
 

@@ -9,6 +9,7 @@ import torch
 
 import benchmark
 import helpers
+import report
 from conftest import ROOT
 from tooling_data import METHODS, kernel_rows
 from tooling_data import procedure as make_procedure
@@ -38,6 +39,11 @@ def test_headline_is_what_the_results_files_give(where):
         f"the {where}'s headline differs from {source}: run `python benchmark.py --headline`")
 
 
+EMULATED = {"what": helpers.EMULATION_METHOD, "cycles_per_us": 1755.0, "pad_us": [160.0, 40.0, 560.0], "rounds": 1,
+            "seconds": {"ours": 2.78, "unsloth_fused": 3.47, "unsloth_classic": 3.21},
+            "ratios": {"unsloth_fused": 3.47 / 2.78, "unsloth_classic": 3.21 / 2.78}}
+
+
 def _results_dir(tmp_path, with_split):
     env = {"gpu": "Synthetic GPU", "driver": "1", "torch": "2", "triton": "3", "bitsandbytes": "4",
            "unsloth": "5", "date": "today"}
@@ -49,6 +55,7 @@ def _results_dir(tmp_path, with_split):
     if with_split:
         results["measurement"] = {"kernel": helpers.GPU_TIME_METHOD}
         results["cpu_cost"] = {f"{m}_us": 10.0 + 5 * i for i, m in enumerate([*METHODS, "floor"])}
+        results["t4_forecast"] = dict(helpers.t4_forecast(procedure, 3000.0), emulated=EMULATED)
     (tmp_path / "notebook.json").write_text(json.dumps(results))
     return str(tmp_path)
 
@@ -61,16 +68,33 @@ def test_headline_from_gpu_time_results(tmp_path):
         r = helpers.round_ratios(procedure, base)
         assert (f"{procedure[base]['median_s']:.3f}, **{r['median']:.2f}x** ({r['min']:.2f}–{r['max']:.2f}x "
                 "over 5 rounds)") in text
-        split = helpers.saved_per_call(procedure, base)
-        assert f"{split['saved_us']:.1f} = {split['kernel_us']:.1f} + {split['launch_path_us']:.1f}" in text
+    means = [report.mean_split(procedure[m]["cases"]) for m in METHODS]
+    assert ("| one call in the procedure's loop, µs: wall = issue + wait (GPU time beside, not in the sum) | "
+            + " | ".join(f"{s['wall_us']:.1f} = {s['issue_us']:.1f} + {s['wait_us']:.1f} (GPU {s['gpu_us']:.1f})"
+                         for s in means) + " |") in text
+    saved = report.saved_split(procedure, "unsloth_fused")
+    assert (f"of the {saved['wall_us']:.1f} µs saved per call in the procedure's loop, {saved['issue_us']:.1f} µs is "
+            f"issue (the call until it returns) and {saved['wait_us']:.1f} µs wait") in text
+    forecast = helpers.t4_forecast(procedure, 3000.0)
+    (row,) = [line for line in text.splitlines() if line.startswith("| **T4 forecast, not a measurement**")]
+    ours, fused = forecast["seconds"]["ours"], forecast["seconds"]["unsloth_fused"]
+    ratio = forecast["ratios"]["unsloth_fused"]
+    assert row.split(" | ")[1:3] == [f"{min(ours):.2f}–{max(ours):.2f}",
+                                     f"{min(fused):.2f}–{max(fused):.2f}, {min(ratio):.2f}–{max(ratio):.2f}x"]
+    (row,) = [line for line in text.splitlines() if line.startswith("| emulated on this GPU, s")]
+    assert row.endswith("| 2.78 | 3.47 (1.25x) | 3.21 (1.15x) |  |")  # bnb: not emulated (the classic path's kernels)
+    worst = max(abs(e["error"]) for e in forecast["model_error"].values())
+    assert f"within {worst:.1%} of this run's procedure times" in text and "forecast, never a measurement" in text
+    assert "3.91 s on a Colab T4" in " ".join(text.split())
     assert "CUPTI" in text and "do_bench" not in text
     assert "| kernel only, 4096x1024 bf16, µs |" in text
     kernel_ratios = [r["unsloth_fused_us"] / r["ours_us"] for r in rows]
     assert f"kernel ratios {min(kernel_ratios):.2f}x to {max(kernel_ratios):.2f}x" in text
-    assert "On a T4" in text and "the notebook run committed here" in text
+    assert "What a T4 should give" in text and "the notebook run committed here" in text
     assert "Run all took" not in text and "Peak GPU memory" not in text  # no score card, no memory
     assert "multiple of this GPU's floor" not in text  # no copy bandwidth in these results
-    assert "601 GB / 320 GB/s = 1.88 s" in text  # what a T4 should give: arithmetic
+    t4_s = helpers.procedure_bytes() / 1e9 / helpers.T4_COPY_GBS
+    assert f"601 GB / {helpers.T4_COPY_GBS} GB/s = {t4_s:.2f} s" in text  # what a T4 should give: arithmetic
     results = json.loads((tmp_path / "notebook.json").read_text())
     results.update(score={"total": 13, "max": 14, "run_all_s": 300.0}, peak_memory_gib=3.665,
                    device_copy_gbs=4000.0)
@@ -86,7 +110,24 @@ def test_headline_from_gpu_time_results(tmp_path):
 def test_headline_from_older_results_names_their_clock(tmp_path):
     text = benchmark.headline(_results_dir(tmp_path, with_split=False), "readme")
     assert "do_bench" in text and "host time can leak in" in text
-    assert "saved per call" not in text and "On a T4" in text
+    assert "saved per call" not in text and "What a T4 should give" in text
+    assert "T4 forecast" not in text and "emulated" not in text and "wall = issue + wait" not in text
+
+
+def test_headline_from_results_with_the_older_split_skips_the_new_rows(tmp_path):
+    # files written before issue 32: wall_us from the procedure, GPU and host time apart, no issue or wait
+    source = _results_dir(tmp_path, with_split=True)
+    results = json.loads((tmp_path / "notebook.json").read_text())
+    del results["t4_forecast"]
+    for result in results["procedure"].values():
+        for case in result["cases"]:
+            for key in ("issue_us", "wait_us", "split_calls", "split_rounds", "procedure_us"):
+                del case[key]
+            case["host_us"] = 9.0
+    (tmp_path / "notebook.json").write_text(json.dumps(results))
+    text = benchmark.headline(source, "readme")
+    assert "wall = issue + wait" not in text and "T4 forecast" not in text and "saved per call" not in text
+    assert "On this GPU the procedure ratio against the fused path is" in text and "What a T4 should give" in text
 
 
 def test_write_headline_needs_its_markers(tmp_path, monkeypatch):

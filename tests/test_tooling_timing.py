@@ -2,7 +2,9 @@
 time is the host's, and the procedure's time splits into the two; one flush buffer per device, and
 torch.compile's report leaves the user's compiled functions alone. CPU tests use synthetic
 profiler events; GPU tests time work whose duration is known."""
+import json
 import time
+import types
 
 import numpy
 import pytest
@@ -56,32 +58,168 @@ def test_host_time_measures_the_host():
     assert timing.p20_us <= timing.median_us <= timing.p80_us
 
 
-def _case(calls, wall, gpu, host):
-    return {"case": f"case {calls}", "weight": "64x32", "dtype": "float16", "calls": calls,
-            "median_s": wall * calls / 1e6, "wall_us": wall, "gpu_us": gpu, "host_us": host}
+class FakeMachine:
+    """A clock that moves only when work is done, for add_call_split without a GPU: a method's call takes its
+    issue time (times the layer's `scale`) on the host and leaves its wait for the next synchronize; its GPU
+    operation, of the method's GPU duration, is recorded for the fake profiler."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.pending_wait = 0.0
+        self.events = []
+        self.calls = {}
+
+    def clock(self):
+        return self.now
+
+    def synchronize(self):
+        self.now += self.pending_wait
+        self.pending_wait = 0.0
+
+    def profile(self, work):
+        first = len(self.events)
+        work()
+        return self.events[first:]
+
+    def method(self, name, issue_s, wait_s, gpu_us, hiccup_call=None):
+        """A dequantize; its call number `hiccup_call` (0 = the first, warm-up included) takes 1 s longer."""
+        self.calls[name] = 0
+
+        def dequantize(layer):
+            number = self.calls[name]
+            self.calls[name] += 1
+            self.now += issue_s * layer.scale + (1.0 if number == hiccup_call else 0.0)
+            self.pending_wait = wait_s
+            self.events.append(DeviceEvent(0.0, gpu_us, name))
+            return torch.empty(2, 3)
+
+        return dequantize
 
 
-def test_time_split_and_the_saving_per_call():
-    # two cases of different lengths: the saving is weighted by calls
-    ours = [(3000, 30.0, 12.0, 9.0), (1000, 20.0, 4.0, 8.0)]
-    fused = [(3000, 60.0, 13.0, 45.0), (1000, 50.0, 5.0, 44.0)]
-    procedure = {"ours": {"median_s": 0.1, "cases": [_case(*c) for c in ours]},
-                 "unsloth_fused": {"median_s": 0.2, "cases": [_case(*c) for c in fused]}}
-    rows = helpers.time_split(procedure)
-    assert [(r["method"], r["rest_us"]) for r in rows] == [
-        ("ours", 30.0 - 12.0 - 9.0), ("ours", 20.0 - 4.0 - 8.0),
-        ("unsloth_fused", 60.0 - 13.0 - 45.0), ("unsloth_fused", 50.0 - 5.0 - 44.0)]
-    split = helpers.saved_per_call(procedure, "unsloth_fused")
-    calls = 3000 + 1000
-    assert split["saved_us"] == pytest.approx((3000 * (60 - 30) + 1000 * (50 - 20)) / calls)
-    assert split["kernel_us"] == pytest.approx((3000 * (13 - 12) + 1000 * (5 - 4)) / calls)
-    assert split["launch_path_us"] == pytest.approx(split["saved_us"] - split["kernel_us"])
+def test_the_call_split_adds_up_and_keeps_gpu_time_beside():
+    machine = FakeMachine()
+    built = []
+
+    def build_case(*case):
+        built.append(case)
+        factor = len(built)  # the cases' calls take 1x, 2x, 3x as long on the host
+        layers = {name: types.SimpleNamespace(scale=factor * s) for name, s in (("up", 1), ("gate", 1), ("down", 4))}
+        mlp = types.SimpleNamespace(up_proj=layers["up"], gate_proj=layers["gate"], down_proj=layers["down"])
+        return mlp, None
+
+    iterations, rounds = 4, 3
+    # ours: a call of the first timed round (after 2 warm-up iterations, 6 calls) takes 1 s more: not the median
+    methods = {"ours": machine.method("ours", 10e-6, 5e-6, gpu_us=1000.0, hiccup_call=2 * 3),
+               "bnb": machine.method("bnb", 30e-6, 2e-6, gpu_us=7.0)}
+    procedure = {name: {"median_s": 1.0, "cases": [{"calls": 3000} for _ in helpers.PROCEDURE_CASES]}
+                 for name in methods}
+    helpers.add_call_split(procedure, methods, build_case, rounds=rounds, iterations=iterations,
+                           synchronize=machine.synchronize, clock=machine.clock, profile=machine.profile)
+    assert built == list(helpers.PROCEDURE_CASES)
+    for name, issue_us, wait_us, gpu_us in (("ours", 10.0, 5.0, 1000.0), ("bnb", 30.0, 2.0, 7.0)):
+        for factor, case in enumerate(procedure[name]["cases"], start=1):
+            assert case["wall_us"] == case["issue_us"] + case["wait_us"]  # exactly, in the stored numbers
+            # a call's issue, times the layers' scales (1, 1, 4: a mean of 2), the case's factor
+            assert case["issue_us"] == pytest.approx(issue_us * 2 * factor, rel=1e-9)
+            assert case["wait_us"] == pytest.approx(wait_us, rel=1e-9)
+            assert case["gpu_us"] == gpu_us and case["gpu_kernels"] == 1.0  # beside the sum: ours' GPU time > wall
+            assert (case["split_calls"], case["split_rounds"], case["calls"]) == (3 * iterations, rounds, 3000)
+    assert procedure["ours"]["cases"][0]["wall_us"] < procedure["ours"]["cases"][0]["gpu_us"]
+    # each method: 2 warm-up iterations, `rounds` timed and 1 profiled, per case, 3 calls each
+    assert machine.calls == {name: 3 * 3 * (2 + rounds * iterations + iterations) for name in methods}
 
 
-def test_results_without_the_split_have_none():
-    procedure = {"ours": {"median_s": 0.3}, "bnb": {"median_s": 0.7}}
-    assert helpers.time_split(procedure) == []
-    assert helpers.saved_per_call(procedure, "bnb") is None
+def test_timed_calls_runs_the_procedures_loop_in_its_order():
+    order, machine = [], FakeMachine()
+    layers = [types.SimpleNamespace(scale=1, name=name) for name in ("up", "gate", "down")]
+
+    def dequantize(layer):
+        order.append(layer.name)
+        machine.now += 3e-6
+        machine.pending_wait = 1e-6
+        return torch.empty(2, 3)
+
+    issue_s, wait_s = helpers.timed_calls(dequantize, layers, 2, machine.synchronize, machine.clock)
+    assert order == ["up", "gate", "down"] * 2
+    assert issue_s == pytest.approx(6 * 3e-6) and wait_s == pytest.approx(6 * 1e-6)
+    assert machine.now == pytest.approx(issue_s + wait_s)
+
+
+def _split_case(calls, issue, wait, gpu):
+    return {"case": f"case {calls}", "calls": calls, "issue_us": issue, "wait_us": wait, "gpu_us": gpu,
+            "wall_us": issue + wait}
+
+
+def test_the_t4_forecast_on_a_fixed_input():
+    # copy 2400 GB/s here, a T4's 240: GPU time x 10; per call issue x f + GPU x 10 + max(wait - GPU, 0)
+    procedure = {"ours": {"median_s": 0.12, "cases": [_split_case(3000, 10.0, 20.0, 15.0),
+                                                      _split_case(1000, 12.0, 4.0, 6.0)]},
+                 "unsloth_fused": {"median_s": 0.29, "cases": [_split_case(3000, 50.0, 30.0, 16.0),
+                                                               _split_case(1000, 40.0, 10.0, 5.0)]}}
+    forecast = helpers.t4_forecast(procedure, 2400.0, host_factors=(1, 2, 3), t4_gbs=240)
+    # ours, f = 1: (10 + 150 + 5) x 3000 + (12 + 60 + 0) x 1000 = 567000 µs; f = 2: 175 and 84; f = 3: 185 and 96
+    assert forecast["seconds"]["ours"] == pytest.approx([0.567, 0.609, 0.651])
+    # fused: (50 + 160 + 14) x 3000 + (40 + 50 + 5) x 1000 = 767000 µs; then 274 and 135; 324 and 175
+    assert forecast["seconds"]["unsloth_fused"] == pytest.approx([0.767, 0.957, 1.147])
+    assert forecast["ratios"]["unsloth_fused"] == pytest.approx([0.767 / 0.567, 0.957 / 0.609, 1.147 / 0.651])
+    assert forecast["ratio_range"]["unsloth_fused"] == pytest.approx([0.767 / 0.567, 1.147 / 0.651])  # 1.35-1.76x
+    assert "ours" not in forecast["ratios"]
+    # the model on this GPU (GPU x 1, issue x 1): ours (10 + 15 + 5) x 3000 + (12 + 6) x 1000 = 0.108 s
+    assert forecast["model_error"]["ours"] == pytest.approx({"model_s": 0.108, "measured_s": 0.12, "error": -0.1})
+    assert forecast["model_error"]["unsloth_fused"] == pytest.approx(
+        {"model_s": 0.29, "measured_s": 0.29, "error": 0.0}, abs=1e-12)  # (50 + 16 + 14) x 3000 + 50 x 1000
+    assert forecast["inputs"]["gpu_scale"] == 10.0 and forecast["inputs"]["host_factors"] == [1, 2, 3]
+    assert forecast["inputs"]["cases"]["ours"][1] == {"case": "case 1000", "calls": 1000, "issue_us": 12.0,
+                                                      "wait_us": 4.0, "gpu_us": 6.0}
+    assert forecast["what"].startswith("forecast, not a measurement")
+    json.dumps(forecast)  # as notebook.json stores it
+
+
+def test_no_forecast_without_the_split():
+    older = {"ours": {"median_s": 0.3, "cases": [{"calls": 3000, "wall_us": 30.0, "gpu_us": 12.0, "host_us": 9.0}]},
+             "bnb": {"median_s": 0.7}}
+    assert helpers.t4_forecast(older, 3000.0) is None
+
+
+def _quant_layer(out_features, in_features, dtype):
+    state = types.SimpleNamespace(shape=torch.Size((out_features, in_features)), dtype=dtype)
+    return types.SimpleNamespace(weight=types.SimpleNamespace(quant_state=state))
+
+
+def test_the_emulation_pads_each_call_by_its_bytes_alike_for_every_method():
+    slept, run = [], []
+    seconds_per_case = {"ours": 1.0, "unsloth_fused": 1.25, "unsloth_classic": 1.5, "bnb": 2.0}
+
+    def test_dequantize(methods, reference, rounds):
+        run.append(list(methods))
+        seconds = {}
+        for name, method in methods.items():
+            for _, _, hd, m, _, dtype in helpers.PROCEDURE_CASES:
+                assert method(_quant_layer(m, hd, dtype)) == name  # the method's own result, passed on
+            seconds[name] = [[seconds_per_case[name]] * rounds for _ in helpers.PROCEDURE_CASES]
+        return helpers.procedure_result(seconds, iterations=1000)
+
+    methods = {name: (lambda layer, name=name: name) for name in seconds_per_case}
+    emulated = helpers.emulate_t4(test_dequantize, methods, None, copy_gbs=480.0, rounds=2, cycles_per_us=1000.0,
+                                  sleep=slept.append)
+    assert run == [["ours", "unsloth_fused", "unsloth_classic"]]  # bnb: the classic path runs its kernels
+    # 8192x2048 fp16: 8388608 packed + 262144 absmax + 33554432 written + 4096 absmax2 bytes = 42209280; at
+    # 240 GB/s minus at 480 GB/s: 42209280 / 480e3 µs = 87.936 µs, x 1000 cycles per µs
+    assert slept[0] == 87936
+    n_bytes = [helpers.call_bytes(hd * m, dtype) for _, _, hd, m, _, dtype in helpers.PROCEDURE_CASES]
+    assert emulated["pad_us"] == pytest.approx([b / 480e3 for b in n_bytes])
+    assert slept == [round(b / 480e3 * 1000) for b in n_bytes] * 3  # the same padding for every method
+    assert emulated["seconds"] == pytest.approx({"ours": 3.0, "unsloth_fused": 3.75, "unsloth_classic": 4.5})
+    assert emulated["ratios"] == pytest.approx({"unsloth_fused": 1.25, "unsloth_classic": 1.5})
+    assert emulated["rounds"] == 2 and emulated["what"] == helpers.EMULATION_METHOD
+    assert helpers.t4_pad_us(1 << 20, torch.float16, copy_gbs=200.0) == 0.0  # no faster than a T4: no padding
+
+
+def test_a_t4_is_known_by_its_capability_or_its_name():
+    assert helpers.is_t4({"gpu": "Tesla T4", "capability": "7.5"})
+    assert helpers.is_t4({"gpu": "Some GPU", "capability": "7.5"})
+    assert not helpers.is_t4({"gpu": "NVIDIA H100 80GB HBM3", "capability": "9.0"})
+    assert not helpers.is_t4({"gpu": "none (CPU, TRITON_INTERPRET=1)", "capability": None})
 
 
 def test_procedure_result_sums_each_round_over_the_cases():
@@ -94,7 +232,7 @@ def test_procedure_result_sums_each_round_over_the_cases():
     assert [c["weight"] for c in result["ours"]["cases"]] == ["512x128", "256x64", "896x256"]
     assert [c["case"] for c in result["bnb"]["cases"]] == ["2x208, 128->512", "5x48, 64->256", "3x128, 256->896"]
     assert [c["median_s"] for c in result["bnb"]["cases"]] == [3.0, 1.0, 6.0]
-    assert all(c["calls"] == 30 and c["wall_us"] == pytest.approx(c["median_s"] / 30 * 1e6)
+    assert all(c["calls"] == 30 and c["procedure_us"] == pytest.approx(c["median_s"] / 30 * 1e6)
                for c in result["bnb"]["cases"])
     ratios = helpers.round_ratios(result, "bnb")
     assert ratios == {"median": pytest.approx(10.3 / 3.7), "min": pytest.approx(9.5 / 4.5),
@@ -108,7 +246,8 @@ def test_the_procedures_bytes_are_601_gb():
                    for _, _, hd, m, _, _ in helpers.PROCEDURE_CASES)
     assert helpers.procedure_bytes() == pytest.approx(expected, rel=1e-9)
     assert round(helpers.procedure_bytes() / 1e9) == 601
-    assert round(helpers.procedure_bytes() / 1e9 / helpers.T4_COPY_GBS, 2) == 1.88
+    assert helpers.T4_COPY_GBS == 240  # a T4's device-to-device copy (CUDA's bandwidthTest: 239.6 GB/s)
+    assert round(helpers.procedure_bytes() / 1e9 / helpers.T4_COPY_GBS, 2) == 2.51
 
 
 def test_the_floor_table(tmp_path):
@@ -118,11 +257,11 @@ def test_the_floor_table(tmp_path):
     text = report.format_floor(result, helpers.procedure_bytes(), 4000.0)
     floor_s = helpers.procedure_bytes() / 1e9 / 4000.0
     flat = " ".join(text.split())
-    assert f"601 GB / 4000 GB/s = {floor_s:.3f} s" in flat and "601 GB / 320 GB/s = 1.88 s" in flat
+    assert f"601 GB / 4000 GB/s = {floor_s:.3f} s" in flat and "601 GB / 240 GB/s = 2.51 s" in flat
     for name, r in result.items():
         assert f"| {helpers.METHODS[name].column} | {r['median_s']:.3f} | {r['median_s'] / floor_s:.2f}x |" in text
     without_gpu = report.format_floor(None, helpers.procedure_bytes(), None)
-    assert "|" not in without_gpu and "601 GB / 320 GB/s = 1.88 s" in " ".join(without_gpu.split())
+    assert "|" not in without_gpu and "601 GB / 240 GB/s = 2.51 s" in " ".join(without_gpu.split())
     assert max(map(len, (text + "\n" + without_gpu).splitlines())) <= helpers.MAX_LINE
 
 
@@ -257,13 +396,26 @@ def test_the_procedure_split_on_the_gpu(kernel):
     from kernel_cells import load_procedure_cell
     cell = load_procedure_cell()
     procedure = cell.test_dequantize(methods, methods["bnb"], rounds=1, iterations=20, scale=4)
-    helpers.add_splits(procedure, methods, lambda *case: cell.build_case(*case, scale=4))
+    helpers.add_call_split(procedure, methods, lambda *case: cell.build_case(*case, scale=4), rounds=3,
+                           iterations=10)
     for case in procedure["ours"]["cases"]:
         assert case["gpu_kernels"] == 1.0 and 0 < case["gpu_us"] < case["wall_us"]
-        assert 0 < case["host_us"] < case["wall_us"]
+        assert case["wall_us"] == case["issue_us"] + case["wait_us"] and case["issue_us"] > 0 < case["wait_us"]
     assert all(case["gpu_kernels"] == 3.0 for case in procedure["bnb"]["cases"])
-    assert len(helpers.time_split(procedure)) == 2 * len(helpers.PROCEDURE_CASES)
-    assert helpers.saved_per_call(procedure, "bnb") is not None
+    forecast = helpers.t4_forecast(procedure, helpers.device_copy_gbs())
+    assert all(a < b < c for a, b, c in forecast["seconds"].values())  # more host time, more seconds
+
+
+@pytest.mark.gpu
+def test_the_padding_adds_a_t4s_gpu_time_on_the_current_stream():
+    # one 8192x2048 fp16 call padded to a T4's time for its bytes: its GPU time (CUPTI) grows by the padding
+    layer = helpers.make_layer(8192, 2048, torch.float16)
+    copy_gbs = helpers.device_copy_gbs()
+    padded = helpers.PaddedToT4(_bnb, copy_gbs, helpers.sleep_cycles_per_us())
+    pad_us = helpers.t4_pad_us(8192 * 2048, torch.float16, copy_gbs)
+    alone = helpers.gpu_time(lambda: _bnb(layer), calls=20).median_us
+    with_pad = helpers.gpu_time(lambda: padded(layer), calls=20).median_us
+    assert pad_us > 0 and abs(with_pad - alone - pad_us) <= 0.15 * pad_us + 2.0
 
 
 @pytest.mark.gpu
