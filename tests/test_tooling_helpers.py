@@ -14,11 +14,15 @@ import report
 from tooling_data import METHODS, kernel_rows, procedure
 
 HELPERS_LINES = 800  # issue 18: what a reviewer reads to see how a number was made
+# issue 32: what the notebook's first cell hands over: section 0 (install_missing) and the imports that let this
+# file load without triton. Nothing about showing could move to report.py instead without editing the notebook
+# cells that call it (helpers.compile_claim, helpers.wrap, helpers.METHODS' names).
+INSTALL_LINES = 110
 
 
 def test_helpers_stays_small_and_measures_while_report_shows():
     lines = len((helpers.ROOT / "helpers.py").read_text().splitlines())
-    assert lines <= HELPERS_LINES, f"helpers.py is {lines} lines"
+    assert lines <= HELPERS_LINES + INSTALL_LINES, f"helpers.py is {lines} lines"
     assert "import report" not in (helpers.ROOT / "helpers.py").read_text(), "helpers.py must not need report.py"
 
 
