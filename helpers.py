@@ -89,7 +89,7 @@ def runtime_name() -> str:
     return "local Jupyter" if "ipykernel" in sys.modules else "local Python"
 
 
-def _old_bitsandbytes() -> bool:
+def _bitsandbytes_too_old() -> bool:
     """Whether pip's bitsandbytes is older than MIN_BITSANDBYTES (one copied in without metadata is kept)."""
     try:
         found = importlib.metadata.version("bitsandbytes")
@@ -113,17 +113,17 @@ def _pip_install(specs: Iterable[str], keep: dict[str, str], *options: str) -> s
 
 
 def install_missing(gpu: bool, fetched: Sequence[str] = ()) -> str:
-    """Installs the PACKAGES this runtime lacks (UNSLOTH too with a GPU) and a pip bitsandbytes older than
-    MIN_BITSANDBYTES, never torch or triton; first refuses a GPU older than the kernel supports. Returns what it
-    did in one line (`fetched`: the files the notebook's first cell fetched; wrapped where longer than
-    MAX_LINE), and without a GPU a line on what that means."""
+    """Installs the PACKAGES this runtime cannot import (UNSLOTH too with a GPU) and a newer bitsandbytes over a
+    pip one older than MIN_BITSANDBYTES, never replacing torch or triton (KEPT); first refuses a GPU older than
+    the kernel supports. Returns what it did in one line (`fetched`: the files the notebook's first cell
+    fetched; wrapped where longer than MAX_LINE), and without a GPU a line on what that means."""
     if gpu and torch.cuda.get_device_capability() < (7, 0):
         raise RuntimeError(f"{torch.cuda.get_device_name()} (compute capability {torch.cuda.get_device_capability()}) "
                            "is older than this kernel supports (7.0): pick a T4 or a newer GPU for this runtime.")
     keep = {package: _version(package) for package in KEPT if importlib.util.find_spec(package) is not None}
     missing, missing_unsloth = {}, {}
     for package, spec in PACKAGES.items():
-        if importlib.util.find_spec(package) is None or package == "bitsandbytes" and _old_bitsandbytes():
+        if importlib.util.find_spec(package) is None or package == "bitsandbytes" and _bitsandbytes_too_old():
             missing[package] = spec
     for package, spec in UNSLOTH.items():
         if gpu and importlib.util.find_spec(package) is None:
