@@ -1,6 +1,7 @@
 """How the NF4 notebook's numbers are made, in its order; report.py (fetched beside it) shows them. Nothing
 here imports the kernel: functions take the callables they run (tests/kernel_cells.py loads the kernel cells).
 
+  0. Installing what is missing    PACKAGES, UNSLOTH, install_missing (the first cell's; imports without triton)
   1. Environment and device facts  wrap, environment, versions_line, short_dtype, bytes_moved
   2. The test procedure            METHODS, OURS, BASELINES, SAME_KERNELS, PROCEDURE_CASES, KERNEL_SHAPES,
                                    make_layer, exactness, dequantizers, check_baselines, usable, MLP,
@@ -29,11 +30,13 @@ import importlib.util
 import itertools
 import json
 import logging
+import os
 import platform
 import random
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import types
@@ -41,9 +44,20 @@ import warnings
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Sequence
 
-import torch
-import triton
-import triton.language as tl
+try:
+    import torch
+except ModuleNotFoundError as error:
+    if error.name != "torch":  # torch is there, but something it imports is not: its own error says what
+        raise
+    raise RuntimeError("torch is not installed: install PyTorch for this machine "
+                       "(https://pytorch.org/get-started/locally/), then run this cell again.") from None
+try:  # a GPU's torch brings triton; a CPU torch may come without it, until install_missing installs it
+    import triton
+    import triton.language as tl
+except ModuleNotFoundError as error:
+    if error.name != "triton":
+        raise
+    triton = None  # the kernels below are the GPU's (timing), defined only where triton imports
 
 ROOT = Path(__file__).resolve().parent
 MAX_LINE = 120  # Colab wraps longer lines: no printed line or table row is longer
@@ -58,6 +72,99 @@ def wrap(text: str, indent: str = "") -> str:
         words.append(words.pop() + "\u00a0" + word if words and _BLOCK_MARKER.fullmatch(word) else word)
     return textwrap.fill(" ".join(words), MAX_LINE, subsequent_indent=indent, break_on_hyphens=False,
                          break_long_words=False).replace("\u00a0", " ")
+
+
+# 0. Installing what the notebook needs (its first cell fetches this file, then calls install_missing) -
+# Pinned as in requirements.txt; triton only where torch came without it (a CPU torch). unsloth only with a
+# GPU (its baselines need one), without its dependencies, which would replace torch: only its kernels are used.
+PACKAGES = {"bitsandbytes": "bitsandbytes==0.50.2", "transformers": "transformers", "peft": "peft==0.21.2",
+            "accelerate": "accelerate", "matplotlib": "matplotlib", "triton": "triton==3.6.0"}
+UNSLOTH = {"unsloth": "unsloth==2026.10.9", "unsloth_zoo": "unsloth_zoo==2026.10.9"}
+KEPT = ("torch", "triton")  # the runtime's own, never replaced: pip gets them as constraints
+MIN_BITSANDBYTES = (0, 46)  # older has no CPU dequantize_4bit, the reference without a GPU
+
+
+def runtime_name() -> str:
+    """Where the notebook runs: Colab, Kaggle, local Jupyter or local Python."""
+    if "google.colab" in sys.modules:
+        return "Colab"
+    if "KAGGLE_KERNEL_RUN_TYPE" in os.environ or os.path.isdir("/kaggle"):
+        return "Kaggle"
+    return "local Jupyter" if "ipykernel" in sys.modules else "local Python"
+
+
+def _bitsandbytes_too_old() -> bool:
+    """Whether pip's bitsandbytes is older than MIN_BITSANDBYTES (one copied in without metadata is kept)."""
+    try:
+        found = importlib.metadata.version("bitsandbytes")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    release = tuple(int(part) for part in re.findall(r"\d+", found)[:2])
+    return release < MIN_BITSANDBYTES
+
+
+def _pip_install(specs: Iterable[str], keep: dict[str, str], *options: str) -> subprocess.CompletedProcess:
+    """pip install `specs` with `keep` ({package: version}) as constraints: pip fails rather than replace them."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as constraints:
+        constraints.write("".join(f"{package}=={version}\n" for package, version in keep.items()))
+    command = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+               "-c", constraints.name, *options, *specs]
+    try:
+        return subprocess.run(command, capture_output=True, text=True)
+    finally:
+        os.unlink(constraints.name)
+        importlib.invalidate_caches()  # what pip installed imports from now on
+
+
+def install_missing(gpu: bool, fetched: Sequence[str] = ()) -> str:
+    """Installs the PACKAGES this runtime cannot import (UNSLOTH too with a GPU) and a newer bitsandbytes over a
+    pip one older than MIN_BITSANDBYTES, never replacing torch or triton (KEPT); first refuses a GPU older than
+    the kernel supports. Returns what it did in one line (`fetched`: the files the notebook's first cell
+    fetched; wrapped where longer than MAX_LINE), and without a GPU a line on what that means."""
+    if gpu and torch.cuda.get_device_capability() < (7, 0):
+        raise RuntimeError(f"{torch.cuda.get_device_name()} (compute capability {torch.cuda.get_device_capability()}) "
+                           "is older than this kernel supports (7.0): pick a T4 or a newer GPU for this runtime.")
+    keep = {package: _version(package) for package in KEPT if importlib.util.find_spec(package) is not None}
+    missing, missing_unsloth = {}, {}
+    for package, spec in PACKAGES.items():
+        if importlib.util.find_spec(package) is None or package == "bitsandbytes" and _bitsandbytes_too_old():
+            missing[package] = spec
+    for package, spec in UNSLOTH.items():
+        if gpu and importlib.util.find_spec(package) is None:
+            missing_unsloth[package] = spec
+    installed, note = [], ""
+    if missing:
+        result = _pip_install(missing.values(), keep)
+        if result.returncode != 0:
+            hint = " (on Kaggle, turn on Internet in the notebook's settings)" if runtime_name() == "Kaggle" else ""
+            raise RuntimeError(f"pip could not install {', '.join(missing.values())}{hint}:\n{result.stderr[-2000:]}")
+        installed = [f"{package} {_version(package)}" for package in missing]
+    if missing_unsloth:
+        result = _pip_install(missing_unsloth.values(), keep, "--no-deps")
+        if result.returncode == 0:
+            installed.append(f"unsloth {_version('unsloth')} (kernels only)")
+        else:
+            note = "; unsloth could not be installed: its baselines are skipped"
+    # What it did, then what it kept (or, having installed nothing, the versions found): one line
+    where = f"{runtime_name()} ({torch.cuda.get_device_name() if gpu else 'no GPU'})"
+    if installed:
+        did = f"{where}: installed {', '.join(installed)};"
+        found = "kept " + " and ".join(f"{package} {version}" for package, version in keep.items())
+    else:
+        shown = ["torch", "triton", "bitsandbytes"]
+        if gpu and importlib.util.find_spec("unsloth") is not None:
+            shown.append("unsloth")
+        did = f"{where}: nothing installed" if missing_unsloth else f"{where}: nothing to install"
+        found = "(" + ", ".join(f"{package} {_version(package)}" for package in shown) + ")"
+    found += note
+    if fetched:
+        found += f"; fetched {' and '.join(fetched)}"
+    lines = [f"{did} {found}"]
+    if len(lines[0]) > MAX_LINE:  # what it kept or found on a line of its own
+        lines = [did, textwrap.fill(found, MAX_LINE, initial_indent="    ", subsequent_indent="    ")]
+    if not gpu:
+        lines.append("No GPU: kernels run in Triton's interpreter; timings and unsloth's baseline need a GPU.")
+    return "\n".join(lines)
 
 
 # 1. Environment and device facts (the current CUDA device) ------------------------------------
@@ -91,7 +198,7 @@ def _unsloth_nf4_sha256() -> str | None:
 def environment() -> dict:
     """The current GPU's facts and the library versions: printed, in every plot's subtitle and result file."""
     facts = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-             "python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
+             "python": platform.python_version(), "torch": torch.__version__, "triton": _version("triton"),
              "bitsandbytes": _version("bitsandbytes"), "unsloth": _version("unsloth"),
              "unsloth_nf4_sha256": _unsloth_nf4_sha256(),
              "gpu": "none (CPU, TRITON_INTERPRET=1)", "capability": None, "driver": None, "sm_count": None,
@@ -440,12 +547,13 @@ class DeviceEvent(NamedTuple):
     name: str
 
 
-@triton.jit
-def _l2_flush_before_timed_call(buffer_ptr, n_words, BLOCK: tl.constexpr):
-    # Zeros over twice the L2: no byte of the timed call's data survives in the cache. Its name
-    # appears nowhere else, so its GPU events mark where each timed call begins.
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(buffer_ptr + offsets, tl.zeros([BLOCK], dtype=tl.int32), mask=offsets < n_words)
+if triton is not None:  # a GPU kernel: a GPU's torch always brings triton
+    @triton.jit
+    def _l2_flush_before_timed_call(buffer_ptr, n_words, BLOCK: tl.constexpr):
+        # Zeros over twice the L2: no byte of the timed call's data survives in the cache. Its name
+        # appears nowhere else, so its GPU events mark where each timed call begins.
+        offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(buffer_ptr + offsets, tl.zeros([BLOCK], dtype=tl.int32), mask=offsets < n_words)
 
 
 class L2Flush:
@@ -606,14 +714,15 @@ def add_call_split(procedure: dict, methods: dict[str, Callable], build_case: Ca
         del mlp, layers
 
 
-@triton.jit
-def _copy_ceiling_kernel(packed_ptr, out_ptr, n_bytes, BYTES: tl.constexpr):
-    # Reads the packed bytes and writes two 16-bit values per byte, with no decoding: the bytes
-    # a dequantization moves, so nothing that moves them can be faster.
-    offsets = tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES)
-    value = tl.load(packed_ptr + offsets, mask=offsets < n_bytes).to(tl.uint16)
-    tl.store(out_ptr + 2 * offsets[:, None] + tl.arange(0, 2)[None, :], tl.join(value, value),
-             mask=offsets[:, None] < n_bytes)
+if triton is not None:  # a GPU kernel: a GPU's torch always brings triton
+    @triton.jit
+    def _copy_ceiling_kernel(packed_ptr, out_ptr, n_bytes, BYTES: tl.constexpr):
+        # Reads the packed bytes and writes two 16-bit values per byte, with no decoding: the bytes
+        # a dequantization moves, so nothing that moves them can be faster.
+        offsets = tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES)
+        value = tl.load(packed_ptr + offsets, mask=offsets < n_bytes).to(tl.uint16)
+        tl.store(out_ptr + 2 * offsets[:, None] + tl.arange(0, 2)[None, :], tl.join(value, value),
+                 mask=offsets[:, None] < n_bytes)
 
 
 def ceiling_launch(n_elements: int, bytes_per_program: int, num_warps: int) -> Callable[[], None]:
@@ -660,11 +769,12 @@ def kernel_table(methods: dict[str, Callable]) -> list[dict]:
     return rows
 
 
-@triton.jit
-def _store_16_zeros(out_ptr):
-    # The least a launch can do and still leave a result. No constexpr and no integer argument:
-    # every Triton version passes its launcher the same arguments.
-    tl.store(out_ptr + tl.arange(0, 16), tl.zeros([16], dtype=tl.float32))
+if triton is not None:  # a GPU kernel: a GPU's torch always brings triton
+    @triton.jit
+    def _store_16_zeros(out_ptr):
+        # The least a launch can do and still leave a result. No constexpr and no integer argument:
+        # every Triton version passes its launcher the same arguments.
+        tl.store(out_ptr + tl.arange(0, 16), tl.zeros([16], dtype=tl.float32))
 
 
 def cpu_cost_table(methods: dict[str, Callable]) -> dict:

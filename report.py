@@ -32,6 +32,9 @@ CRITERIA = {"single_kernel": ("single Triton kernel (+3)", (0, 3)),
             "cache_eviction": ("uses cache eviction (+1)", (0, 1)),
             "fp16_bf16": ("tested in fp16 and bf16 (+1, else -1)", (-1, 1))}
 MAX_SCORE = sum(max(points) for _, points in CRITERIA.values())
+# What only a GPU can show: without one the card names these instead of a total that would read as a grade
+GPU_CRITERIA = ("single_kernel", "speedup", "torch_compile", "asm", "cache_eviction")
+GET_A_GPU = "run on a GPU (Colab: Runtime > Change runtime type > T4)"
 SPEEDUP_RULE = ("speedup = baseline time / ours over the published procedure; at most 1.00: -3; at least 1.05: +1; "
                 "at least 1.10: +3; at least 1.15: +5")
 NOT_MEASURED = "not measured yet: a later cell fills this in"
@@ -118,7 +121,8 @@ class RunClock:
 class ScoreCard:
     """The puzzle's marking (CRITERIA), filled in by the cells that make the evidence: a table of points
     per criterion and the total, under it this run's evidence for each, whole (wrapped, never cut), and
-    the GPU, versions, baseline and Run-all time, each said once.
+    the GPU, versions, baseline and Run-all time, each said once. Without a GPU (env's capability None)
+    no total: the card scores what runs without one and names the GPU_CRITERIA it could not score.
 
     One card per notebook, live at the top, its saved output its final state:
         card = report.ScoreCard(env, "unsloth_fused")  # the top cell: names GPU and versions; nothing else need
@@ -131,6 +135,7 @@ class ScoreCard:
 
     def __init__(self, env: dict, baseline: str, clock: RunClock | None = None):
         self.env, self.baseline, self.clock = env, baseline, clock or RunClock()
+        self.gpu = env.get("capability") is not None  # helpers.environment(): None without a GPU
         self.rows: dict[str, tuple[int, str]] = {}
         self.handle = None  # the notebook display, once shown
 
@@ -153,21 +158,38 @@ class ScoreCard:
     def total(self) -> int:
         return sum(points for points, _ in self.rows.values())
 
+    def needs_gpu(self) -> list[str]:
+        """The GPU_CRITERIA this run leaves unscored for want of a GPU: none on a GPU."""
+        if self.gpu:
+            return []
+        return [key for key in GPU_CRITERIA if key not in self.rows]
+
     def markdown(self) -> str:
         """The card: a heading line, versions, baseline and Run-all time, the points table, the evidence
-        list, the speedup rule. Every line at most MAX_LINE; no evidence is cut."""
-        table = [[marking, f"{self.rows[key][0]:+d}" if key in self.rows else "not yet"]
-                 for key, (marking, _) in CRITERIA.items()]
-        table.append([f"**total** ({len(self.rows)} of {len(CRITERIA)} measured)", f"**{self.total()} / {MAX_SCORE}**"])
+        list, the speedup rule. Without a GPU: no total, and a line naming the criteria that need one
+        in place of their rows. Every line at most MAX_LINE; no evidence is cut."""
+        unscored = self.needs_gpu()
+        shown = [key for key in CRITERIA if key not in unscored]
+        table = [[CRITERIA[key][0], f"{self.rows[key][0]:+d}" if key in self.rows else "not yet"] for key in shown]
         evidence = [wrap(f"- **{CRITERIA[key][0]}**: {self.rows[key][1] if key in self.rows else NOT_MEASURED}", "  ")
-                    for key in CRITERIA]
+                    for key in shown]
+        if self.gpu:
+            heading = f"**Score card, this run: {self.total()} / {MAX_SCORE}**"
+            table.append([f"**total** ({len(self.rows)} of {len(CRITERIA)} measured)",
+                          f"**{self.total()} / {MAX_SCORE}**"])
+            needs_gpu_line = ""
+        else:
+            heading = "**Score card, this run: no GPU, so the criteria that need one are not scored**"
+            names = ", ".join(CRITERIA[key][0] for key in unscored)
+            needs_gpu_line = wrap(f"Needs a GPU, not scored in this run: {names}: {GET_A_GPU}.") if unscored else ""
+        speedup_rule = wrap(f"Speedup points: {SPEEDUP_RULE}.") if "speedup" in shown else ""
         baseline = METHODS[self.baseline].name if self.baseline in METHODS else self.baseline
         run_all = f" {self.clock.so_far()} (to the end of {self.clock.laps[-1][0]})." if self.clock.laps else ""
         return "\n\n".join(part for part in [
-            f"**Score card, this run: {self.total()} / {MAX_SCORE}**", wrap(versions_line(self.env, date=False)),
+            heading, wrap(versions_line(self.env, date=False)),
             self.env.get("date", ""), wrap(f"Baseline: {baseline}.{run_all}"), wrap(device_note(self.env)),
-            markdown_table(["criterion", "points"], table, "lr"),
-            "Evidence from this run:\n\n" + "\n".join(evidence), wrap(f"Speedup points: {SPEEDUP_RULE}.")] if part)
+            markdown_table(["criterion", "points"], table, "lr"), needs_gpu_line,
+            "Evidence from this run:\n\n" + "\n".join(evidence), speedup_rule] if part)
 
     def show(self) -> None:
         """Displays the card; in a notebook only the first call makes a display, later calls update it."""
@@ -180,9 +202,10 @@ class ScoreCard:
             self.handle.update(Shown(_fit(self.markdown())))
 
     def as_dict(self) -> dict:
-        """For the results file: the points and whole evidence of each criterion filled in, and the
-        Run-all time when it was written (run_all_s) beside the laps so far."""
-        return {"total": self.total(), "max": MAX_SCORE, "baseline": self.baseline,
+        """For the results file: the points and whole evidence of each criterion filled in, those left
+        unscored for want of a GPU (needs_gpu: none on a GPU), and the Run-all time when it was written
+        (run_all_s) beside the laps so far."""
+        return {"total": self.total(), "max": MAX_SCORE, "baseline": self.baseline, "needs_gpu": self.needs_gpu(),
                 "run_all_s": round(self.clock.elapsed_s(), 1),
                 "laps": [[section, round(took, 1), round(total, 1)] for section, took, total in self.clock.laps],
                 "criteria": {key: {"points": p, "evidence": e} for key, (p, e) in self.rows.items()}}

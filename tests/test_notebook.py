@@ -35,10 +35,17 @@ def test_notebook_runs_alone_on_cpu(tmp_path, monkeypatch):
                    resources={"metadata": {"path": str(alone)}}).execute()
 
     install = next(c for c in notebook.cells if c.source.startswith("# @title Install"))
-    assert _text(install).splitlines()[0].startswith("local Jupyter (no GPU): nothing to install (torch ")
-    assert _text(install).splitlines()[0].endswith("; fetched helpers.py and report.py")
+    said = _text(install).split("\nNo GPU: ")[0]  # what it installed, kept or found; then what no GPU means
+    assert said.startswith("local Jupyter (no GPU): nothing to install") and "(torch " in said
+    assert " ".join(said.split()).endswith("; fetched helpers.py and report.py")
+    assert max(len(line) for line in _text(install).splitlines()) <= 120
     for name in ("helpers.py", "report.py"):
         assert (alone / name).read_bytes() == (ROOT / name).read_bytes()
+    card = next(c for c in notebook.cells if "report.ScoreCard(" in c.source)  # its display, as last updated
+    shown = "".join(output.get("data", {}).get("text/markdown", "") for output in card.outputs)
+    assert shown.startswith("**Score card, this run: no GPU, so the criteria that need one are not scored**")
+    assert "| tested in fp16 and bf16 (+1, else -1) | +1 |" in shown and "/ 14" not in shown
+    assert "Needs a GPU, not scored in this run: single Triton kernel (+3)" in shown
     text = "\n".join(_text(c) for c in notebook.cells if c.cell_type == "code")
     assert "ALL EXACT" in text and "DIFFERENT" not in text
     assert "No GPU: kernels run in Triton's interpreter" in text

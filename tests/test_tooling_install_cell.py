@@ -1,6 +1,8 @@
-"""The notebook's install cell alone, in a fresh interpreter: it installs only what is missing, never
-torch or triton, says what it did in one line, pins what the requirements pin, and names the fix when
-helpers.py cannot be found."""
+"""The notebook's install cell and helpers.install_missing, which it hands the install to, run in a fresh
+interpreter: the cell fetches helpers.py and report.py (naming the fix when it cannot), stays short, and
+helpers.py installs only what is missing, never torch or triton, pins what the requirements pin and says
+what it did in one line, naming the version of a package copied in without metadata. helpers.py imports
+where triton does not (a CPU torch, before triton is installed), and says what to do where torch is missing."""
 import json
 import os
 import re
@@ -12,11 +14,14 @@ import textwrap
 import pytest
 import torch
 
+import helpers
 from conftest import GPU, ROOT
 
 NOTEBOOK = ROOT / "Unsloth_Puzzles_NF4.ipynb"
 PLACEHOLDER_URL = "https://raw.githubusercontent.com/REPO_OWNER/REPO_NAME/main/helpers.py"
 WHERE = torch.cuda.get_device_name() if GPU else "no GPU"
+MAX_CELL_LINES = 25  # issue 32: the cell fetches helpers.py and report.py; helpers.py does the rest
+NO_GPU_NOTE = "No GPU: kernels run in Triton's interpreter; timings and unsloth's baseline need a GPU."
 
 
 def _install_cell_source():
@@ -27,30 +32,62 @@ def _install_cell_source():
 
 
 # ---------------------------------------------------------------------------------------------
-# The install cell alone, in a fresh interpreter (a Python, not a Jupyter kernel). For what it
-# would install, importlib.metadata is told which packages to report missing or old, and `python
-# -m pip` finds a stand-in that records its arguments and "installs" (reports the version given).
+# The install cell alone, in a fresh interpreter (a Python, not a Jupyter kernel, the working
+# directory first on sys.path as in Jupyter). For what it would install, importlib.metadata is told
+# which packages to report missing, old or without metadata; a package told missing cannot be found
+# or imported either, until `python -m pip` (a stand-in that records its arguments) "installs" it.
+# NF4_TEST_GPU pretends a GPU of that compute capability (a Tesla T4 by name); NF4_TEST_PIP_FAILS
+# makes pip fail. After the cell, NF4_TEST_REPORT prints what helpers saw of triton.
 # ---------------------------------------------------------------------------------------------
 RUN_CELL = textwrap.dedent("""
-    import importlib.metadata as metadata, json, os, sys, types
+    import importlib.abc, importlib.metadata as metadata, importlib.util, json, os, sys, types
+
+    def pretend():
+        with open(os.environ["NF4_TEST_VERSIONS"]) as file:
+            return json.load(file)
+
     real_version = metadata.version
     def version(package):
-        pretend = json.loads(open(os.environ["NF4_TEST_VERSIONS"]).read())
-        if package not in pretend:
+        told = pretend()
+        if package not in told:
             return real_version(package)
-        if pretend[package] in (None, "no-metadata"):  # "no-metadata": importable, copied in by hand
+        if told[package] in (None, "no-metadata"):  # "no-metadata": importable, copied in by hand
             raise metadata.PackageNotFoundError(package)
-        return pretend[package]
+        return told[package]
     metadata.version = version
-    import importlib.util
+
     real_find_spec = importlib.util.find_spec
-    def find_spec(name, *args):  # a package told missing is not importable either
-        pretend = json.loads(open(os.environ["NF4_TEST_VERSIONS"]).read())
-        return None if name in pretend and pretend[name] is None else real_find_spec(name, *args)
+    def find_spec(name, *args):  # a package told missing cannot be found
+        return None if pretend().get(name.split(".")[0], "") is None else real_find_spec(name, *args)
     importlib.util.find_spec = find_spec
+
+    class NotInstalled(importlib.abc.MetaPathFinder):
+        # importing a package told missing fails as where it is not installed
+        def find_spec(self, name, path=None, target=None):
+            if pretend().get(name.split(".")[0], "") is None:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+    sys.meta_path.insert(0, NotInstalled())
+
     if os.environ.get("NF4_TEST_COLAB"):
         sys.modules["google.colab"] = types.ModuleType("google.colab")
-    exec(compile(open(sys.argv[1]).read(), "install_cell", "exec"), {"__name__": "__main__"})
+    if os.environ.get("NF4_TEST_GPU"):
+        import torch
+        def is_available():
+            return True
+        def get_device_capability(device=None):
+            return tuple(int(part) for part in os.environ["NF4_TEST_GPU"].split("."))
+        def get_device_name(device=None):
+            return "Tesla T4"
+        torch.cuda.is_available = is_available
+        torch.cuda.get_device_capability = get_device_capability
+        torch.cuda.get_device_name = get_device_name
+    sys.path.insert(0, os.getcwd())
+    cell = {"__name__": "__main__"}
+    exec(compile(open(sys.argv[1]).read(), "install_cell", "exec"), cell)
+    if os.environ.get("NF4_TEST_REPORT"):
+        print("REPORT", json.dumps({"triton_at_import": cell["helpers"].triton is not None,
+                                    "environment_triton": cell["helpers"].environment()["triton"]}))
 """)
 FAKE_PIP = textwrap.dedent("""
     import json, os, sys
@@ -60,6 +97,8 @@ FAKE_PIP = textwrap.dedent("""
     constraints = open(args[args.index("-c") + 1]).read()
     with open(os.environ["NF4_TEST_PIP_LOG"], "a") as log:
         log.write(json.dumps({"args": args, "constraints": constraints}) + "\\n")
+    if os.environ.get("NF4_TEST_PIP_FAILS"):
+        sys.exit("ERROR: Could not find a version that satisfies the requirement (no network)")
     path = os.environ["NF4_TEST_VERSIONS"]
     pretend = json.loads(open(path).read())
     for spec in _specs(args):
@@ -91,7 +130,8 @@ def run_install_cell(tmp_path, pretend=None, helpers=True, env=None):
             shutil.copy(ROOT / name, work)
     environment = {k: v for k, v in os.environ.items()
                    if k not in ("NF4_HELPERS_URL", "KAGGLE_KERNEL_RUN_TYPE", "TRITON_INTERPRET")}
-    environment.update(PYTHONPATH=os.pathsep.join(filter(None, [str(fake), os.environ.get("PYTHONPATH")])), NF4_TEST_VERSIONS=str(tmp_path / "versions.json"),
+    python_path = os.pathsep.join(filter(None, [str(fake), os.environ.get("PYTHONPATH")]))
+    environment.update(PYTHONPATH=python_path, NF4_TEST_VERSIONS=str(tmp_path / "versions.json"),
                        NF4_TEST_PIP_LOG=str(tmp_path / "pip.log"), **(env or {}))
     result = subprocess.run([sys.executable, str(tmp_path / "run_cell.py"), str(tmp_path / "cell.py")],
                             cwd=work, env=environment, capture_output=True, text=True, timeout=300)
@@ -105,6 +145,19 @@ def _versions():
     return {"torch": version("torch"), "triton": version("triton"), "bitsandbytes": PRESENT["bitsandbytes"]}
 
 
+def _specs(call):
+    """The packages a pip call installs: what follows its constraints file, options left out."""
+    args = call["args"]
+    return [a for a in args[args.index("-c") + 2:] if not a.startswith("-")]
+
+
+def test_install_cell_is_short_and_hands_the_install_to_helpers():
+    source = _install_cell_source()
+    assert len(source.splitlines()) <= MAX_CELL_LINES, f"the install cell is {len(source.splitlines())} lines"
+    assert "helpers.install_missing(GPU" in source
+    assert "pip" not in source, "pip is run by helpers.install_missing, not by the cell"
+
+
 @pytest.mark.parametrize("runtime, env", [("Colab", {"NF4_TEST_COLAB": "1"}),
                                           ("Kaggle", {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}),
                                           ("local Python", {})])
@@ -115,9 +168,11 @@ def test_install_cell_names_the_runtime_and_installs_nothing_present(tmp_path, r
     assert result.returncode == 0, result.stderr[-3000:]
     v = _versions()
     line = result.stdout.splitlines()[0]
-    assert line.startswith(f"{runtime} ({WHERE}): nothing to install (torch {v['torch']}, triton {v['triton']}, "
-                           f"bitsandbytes {v['bitsandbytes']}"), line
+    assert line == (f"{runtime} ({WHERE}): nothing to install (torch {v['torch']}, triton {v['triton']}, "
+                    f"bitsandbytes {v['bitsandbytes']}" + (", unsloth 2026.10.9)" if GPU else ")")), line
     assert calls == []
+    if not GPU:
+        assert result.stdout.splitlines()[1] == NO_GPU_NOTE
 
 
 def test_install_cell_installs_only_what_is_missing_and_holds_torch_and_triton(tmp_path):
@@ -127,7 +182,7 @@ def test_install_cell_installs_only_what_is_missing_and_holds_torch_and_triton(t
     assert len(calls) == 1, calls
     args = calls[0]["args"]
     assert args[0] == "install" and "--no-deps" not in args
-    assert args[args.index("-c") + 2:] == ["bitsandbytes==0.50.2", "matplotlib"]
+    assert _specs(calls[0]) == ["bitsandbytes==0.50.2", "matplotlib"]  # the old bitsandbytes replaced
     assert calls[0]["constraints"] == f"torch=={v['torch']}\ntriton=={v['triton']}\n"
     assert result.stdout.splitlines()[0] == (
         f"local Python ({WHERE}): installed bitsandbytes 0.50.2, matplotlib 1.0.test; "
@@ -135,11 +190,44 @@ def test_install_cell_installs_only_what_is_missing_and_holds_torch_and_triton(t
 
 
 def test_install_cell_installs_triton_only_where_torch_came_without_it(tmp_path):
-    result, calls = run_install_cell(tmp_path, {"triton": None})
+    # triton cannot be imported until pip installs it: helpers.py imports without it, and once it is
+    # installed environment() names its version
+    result, calls = run_install_cell(tmp_path, {"triton": None}, env={"NF4_TEST_REPORT": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
-    assert len(calls) == 1 and "triton==3.6.0" in calls[0]["args"]
+    assert len(calls) == 1 and _specs(calls[0]) == ["triton==3.6.0"]
     assert calls[0]["constraints"] == f"torch=={_versions()['torch']}\n"
     assert "installed triton 3.6.0; kept torch " in result.stdout.splitlines()[0]
+    report = json.loads(result.stdout.split("REPORT ", 1)[1])
+    assert report == {"triton_at_import": False, "environment_triton": "3.6.0"}
+
+
+def test_helpers_imports_where_triton_does_not(tmp_path):
+    # a fresh interpreter in which `import triton` fails, as with a CPU torch before triton is installed
+    script = textwrap.dedent(f"""
+        import importlib.abc, sys
+        class NoTriton(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "triton":
+                    raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+                return None
+        sys.meta_path.insert(0, NoTriton())
+        sys.path.insert(0, {str(ROOT)!r})
+        import helpers
+        print(helpers.triton is None, hasattr(helpers, "_l2_flush_before_timed_call"),
+              "triton" in sys.modules, callable(helpers.install_missing), len(helpers.CPU_SHAPES))
+    """)
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            env=environment)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["True", "False", "False", "True", str(len(helpers.CPU_SHAPES))]
+
+
+def test_install_cell_says_what_to_do_where_torch_is_missing(tmp_path):
+    result, calls = run_install_cell(tmp_path, {"torch": None})
+    assert result.returncode != 0 and calls == []
+    assert ("RuntimeError: torch is not installed: install PyTorch for this machine "
+            "(https://pytorch.org/get-started/locally/), then run this cell again.") in result.stderr
 
 
 def test_install_cell_wants_unsloth_only_with_a_gpu(tmp_path):
@@ -150,6 +238,35 @@ def test_install_cell_wants_unsloth_only_with_a_gpu(tmp_path):
         assert "installed unsloth 2026.10.9 (kernels only)" in result.stdout
     else:
         assert calls == [] and "nothing to install" in result.stdout
+
+
+def test_install_cell_installs_unsloth_without_its_dependencies_on_a_pretended_gpu(tmp_path):
+    result, calls = run_install_cell(tmp_path, {"unsloth": None, "unsloth_zoo": None}, env={"NF4_TEST_GPU": "7.5"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(calls) == 1 and calls[0]["args"][-3:] == ["--no-deps", "unsloth==2026.10.9", "unsloth_zoo==2026.10.9"]
+    assert calls[0]["constraints"] == f"torch=={_versions()['torch']}\ntriton=={_versions()['triton']}\n"
+    assert result.stdout.splitlines()[0].startswith(
+        "local Python (Tesla T4): installed unsloth 2026.10.9 (kernels only); kept torch ")
+    assert NO_GPU_NOTE not in result.stdout
+
+
+def test_install_cell_refuses_a_gpu_older_than_the_kernel_supports(tmp_path):
+    result, calls = run_install_cell(tmp_path, {"matplotlib": None}, env={"NF4_TEST_GPU": "6.1"})
+    assert result.returncode != 0 and calls == []
+    assert ("RuntimeError: Tesla T4 (compute capability (6, 1)) is older than this kernel supports (7.0): "
+            "pick a T4 or a newer GPU for this runtime.") in result.stderr
+
+
+@pytest.mark.parametrize("runtime, env, hint", [
+    ("Kaggle", {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, " (on Kaggle, turn on Internet in the notebook's settings)"),
+    ("local Python", {}, "")])
+def test_install_cell_says_why_pip_failed_and_on_kaggle_what_to_turn_on(tmp_path, runtime, env, hint):
+    if runtime == "local Python" and os.path.isdir("/kaggle"):
+        pytest.skip("this machine looks like Kaggle")
+    result, calls = run_install_cell(tmp_path, {"peft": None}, env=dict(env, NF4_TEST_PIP_FAILS="1"))
+    assert result.returncode != 0 and len(calls) == 1
+    assert f"RuntimeError: pip could not install peft==0.21.2{hint}:\n" in result.stderr
+    assert "no network" in result.stderr  # pip's own words follow
 
 
 @pytest.mark.parametrize("url, message", [
@@ -165,6 +282,21 @@ def test_install_cell_names_the_fix_when_helpers_py_is_missing(tmp_path, url, me
     assert calls == [] and not (tmp_path / "work" / "helpers.py").exists()
 
 
+def test_install_cell_fetches_helpers_and_report_from_beside_the_url_and_says_so_within_a_line(tmp_path):
+    served = tmp_path / "served"
+    served.mkdir()
+    for name in ("helpers.py", "report.py"):
+        shutil.copy(ROOT / name, served)
+    result, calls = run_install_cell(tmp_path, helpers=False, env={"NF4_HELPERS_URL": (served / "helpers.py").as_uri()})
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("helpers.py", "report.py"):
+        assert (tmp_path / "work" / name).read_bytes() == (ROOT / name).read_bytes()
+    said = result.stdout if GPU else result.stdout.replace(NO_GPU_NOTE + "\n", "")
+    assert said.startswith(f"local Python ({WHERE}): nothing to install")
+    assert " ".join(said.split()).endswith("; fetched helpers.py and report.py")
+    assert all(len(line) <= helpers.MAX_LINE for line in result.stdout.splitlines())
+
+
 def test_install_cell_pins_what_the_requirements_pin():
     # requirements.txt is for Colab and GPU machines; triton, which those always have, is pinned
     # for CPU machines in requirements-cpu.txt
@@ -172,18 +304,37 @@ def test_install_cell_pins_what_the_requirements_pin():
     cpu = dict(re.findall(r"^([A-Za-z_]+)==(\S+)", (ROOT / "requirements-cpu.txt").read_text(), re.M))
     named = set(re.findall(r"^([A-Za-z_]+)", text, re.M)) | {"triton"}
     pins = dict(re.findall(r"^([A-Za-z_]+)==(\S+)", text, re.M), triton=cpu["triton"])
-    cell = dict(re.findall(r'"([A-Za-z_]+)": "([^"]+)"', _install_cell_source()))
-    assert {"bitsandbytes", "unsloth", "unsloth_zoo", "transformers", "peft"} <= set(cell)
-    for name, spec in cell.items():
-        assert name in named, f"the install cell installs {name}, which no requirements file names"
+    installed = dict(helpers.PACKAGES, **helpers.UNSLOTH)
+    assert {"bitsandbytes", "unsloth", "unsloth_zoo", "transformers", "peft", "triton"} <= set(installed)
+    assert "torch" not in installed
+    for name, spec in installed.items():
+        assert name in named, f"helpers.install_missing installs {name}, which no requirements file names"
         if "==" in spec:
             assert spec == f"{name}=={pins[name]}", (spec, pins.get(name))
         else:
             assert spec == name and name not in pins, (spec, pins.get(name))
 
 
-def test_install_cell_counts_a_package_without_metadata_as_present(tmp_path):
-    # bitsandbytes importable but with no package metadata (the GPU machine here has it so)
+def test_install_cell_names_the_version_of_a_package_without_metadata(tmp_path):
+    # bitsandbytes importable but with no package metadata (the GPU machine here has it so): its own __version__
+    import bitsandbytes
     result, calls = run_install_cell(tmp_path, {"bitsandbytes": "no-metadata"})
     assert result.returncode == 0, result.stderr[-3000:]
-    assert calls == [] and "bitsandbytes present" in result.stdout.splitlines()[0]
+    line = result.stdout.splitlines()[0]
+    assert calls == [] and f"bitsandbytes {bitsandbytes.__version__}" in line and "present" not in line
+
+
+def test_unsloth_without_metadata_is_named_by_its_kernels_hash(tmp_path, monkeypatch):
+    # on a GPU whose unsloth was copied in without metadata: the version UNSLOTH_NF4_SHA256 gives its nf4.py
+    for package in ("unsloth", "unsloth_zoo"):
+        (tmp_path / package / "kernels").mkdir(parents=True)
+        (tmp_path / package / "__init__.py").write_text("raise ImportError('not to be imported here')\n")
+    nf4 = tmp_path / "unsloth" / "kernels" / "nf4.py"
+    nf4.write_text("# stands in for unsloth's kernels/nf4.py\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(helpers.UNSLOTH_NF4_SHA256, helpers.hashlib.sha256(nf4.read_bytes()).hexdigest(), "2026.10.9")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    said = helpers.install_missing(True)  # everything present: pip is not run
+    assert said.endswith(", unsloth 2026.10.9)") and "\n" not in said, said
+    assert said.startswith(f"{helpers.runtime_name()} (Tesla T4): nothing to install (torch ")
