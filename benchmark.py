@@ -154,7 +154,7 @@ def host_cost(old_notebook: Path, rounds: int = 45, calls: int = 200) -> dict:
     fresh = iter(fresh)
 
     timed = {"new": lambda: new.triton_dequantize_nf4(layer), "old": lambda: old.triton_dequantize_nf4(layer),
-             **_unchecked(new._plans[id(q)], new, W, q),
+             **_unchecked(new._plans[new._identity(q)], new, W, q),
              "first_call": lambda: new.dequantize_nf4(W, next(fresh)),
              "via_triton": lambda: new.dequantize_nf4_via_triton(W, q), **_slow_path_parts(new, W, q)}
     if "unsloth_fused" in methods:

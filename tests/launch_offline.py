@@ -84,7 +84,7 @@ def case(kernel, nested, dtype):
     result = {"triton_launches_on_a_new_key": fake.calls - first_calls - 1,
               "template": bool(kernel._templates.get(first.key)),
               "recorded_launch_unchanged": torch.equal(bits(first.out), triton_bits)}
-    plan = kernel._plans.get(id(q))
+    plan = kernel._plans.get(kernel._identity(q))
     result["fast"] = plan is not None
     if plan is not None:
         fast = plan(W, q)
@@ -107,7 +107,7 @@ def case(kernel, nested, dtype):
     out = kernel.dequantize_nf4(W2, q2)  # no plan for q2 yet: its plan from the template
     result["same_key"] = second.key == first.key
     result["second_weight_triton_launches"] = fake.calls - calls - 1  # the plan's launch is one
-    result["second_weight_fast"] = kernel._plans.get(id(q2)) is not None
+    result["second_weight_fast"] = kernel._plans.get(kernel._identity(q2)) is not None
     result["second_weight_matches_triton"] = torch.equal(bits(out), second_bits)
     result["problems"] = fake.problems
     return result
@@ -151,7 +151,7 @@ def hook_before(kernel):
     finally:
         offline_gpu.set_launch_hook(None)
     return {"triton_launches": fake.calls - calls, "template": Launch(kernel, W, q).key in kernel._templates,
-            "output": list(out.shape), "fast": id(q) in kernel._plans}
+            "output": list(out.shape), "fast": kernel._identity(q) in kernel._plans}
 
 
 def converted_offset_first(kernel):
@@ -171,9 +171,9 @@ def converted_offset_first(kernel):
     calls2 = fake.calls
     kernel.dequantize_nf4(W2, q2)
     return {"first_call_launches": first, "later_call_launches": calls2 - calls,
-            "template": bool(kernel._templates.get(launch.key)), "fast": id(q) in kernel._plans,
+            "template": bool(kernel._templates.get(launch.key)), "fast": kernel._identity(q) in kernel._plans,
             "same_key": key2 == launch.key, "other_weight_launches": fake.calls - calls2,
-            "other_weight_fast": id(q2) in kernel._plans}
+            "other_weight_fast": kernel._identity(q2) in kernel._plans}
 
 
 SWEEP = {  # weights Triton may specialize apart
@@ -202,7 +202,7 @@ def sweep(kernel):
         compiled_of_key.setdefault(launch.key, set()).add(id(compiled))
         for _ in range(2):  # the key's first call where it is new, then a plan for this weight
             out = kernel.dequantize_nf4(W, q)
-        plan = kernel._plans.get(id(q))
+        plan = kernel._plans.get(kernel._identity(q))
         fast = plan(W, q) if plan is not None else None
         rows[name] = {"matches_triton": torch.equal(bits(out), triton_bits),
                       "fast": fast is not None, "fast_matches_triton": fast is not None

@@ -24,7 +24,7 @@ def _layer(shape=(96, 320), dtype=torch.bfloat16, seed=0):
 
 def _fast(kernel, W, qs):
     """What the launch path's plan for qs gives for W, or None where there is none or it declines."""
-    plan = kernel._plans.get(id(qs))
+    plan = kernel._plans.get(kernel._identity(qs))
     return plan(W, qs) if plan is not None else None
 
 
@@ -179,7 +179,7 @@ def test_bitsandbytes_table_is_kept_once_per_device_and_quant_type(kernel):
 def test_a_plan_lives_as_long_as_its_quant_state(kernel):
     layer = _layer(seed=26)
     qs = layer.weight.quant_state
-    key = id(qs)
+    key = kernel._identity(qs)
     for _ in range(2):
         kernel.triton_dequantize_nf4(layer)
     assert key in kernel._plans
@@ -355,3 +355,19 @@ def test_eager_and_compiled_calls_launch_one_configuration(kernel, monkeypatch, 
     results = [fn(layer) for fn in order]
     assert torch.equal(results[0], results[1])
     assert len(chosen) >= 2 and len(set(chosen)) == 1, chosen
+
+
+@pytest.mark.gpu
+def test_a_field_emptied_after_its_tensor_died_is_not_replayed(kernel):
+    # a plan watches tensors by weak reference: once one has died, a field set to None must not compare
+    # equal to the dead reference (which also answers None): the call goes to Triton's path, which names it
+    layer = _layer(seed=32)
+    W, qs = layer.weight, layer.weight.quant_state
+    for _ in range(2):
+        kernel.triton_dequantize_nf4(layer)
+    assert _fast(kernel, W, qs) is not None
+    qs.state2.absmax = None  # the only reference to the old absmax2: it dies here
+    gc.collect()
+    assert _fast(kernel, W, qs) is None
+    with pytest.raises(ValueError, match=r"quant_state\.state2\.absmax is missing"):
+        kernel.triton_dequantize_nf4(layer)
