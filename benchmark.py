@@ -141,6 +141,8 @@ def host_cost(old_notebook: Path, rounds: int = 45, calls: int = 200) -> dict:
     medians, on the procedure's first weight. Many short rounds: the GPU machines' hosts switch between a fast
     and a slow mode within seconds, and a long round can catch one method in the other mode."""
     new = load_kernel_cells()
+    # an older notebook's cells by their tags then: the paste unit (once split, `fast-launch`) and the model
+    # patch cell, which now is model_patch.py (a notebook holding neither loads its `kernel` cells alone)
     old = load_kernel_cells(old_notebook, name="nf4_old_cells", tags=("kernel", "fast-launch", "model-patch"))
     layer = helpers.make_layer(*helpers.KERNEL_SHAPES[0])
     W, q = layer.weight, layer.weight.quant_state
@@ -443,7 +445,8 @@ def _model_paragraph(source: str) -> list[str]:
     if results is None:
         return []
     env, models = results["environment"], results["models"]
-    lines = ["", f"In a model, `use_triton_dequantize()` (`python model_benchmark.py`, `{source}/model.json`, "
+    lines = ["", f"In a model, `model_patch.use_triton_dequantize(dequantize_nf4)` (`python model_benchmark.py`, "
+                 f"`{source}/model.json`, "
                  f"{env['date']}; transformers {env['transformers']}, peft {env['peft']}): "
                  + "; ".join(f"{name}: {info['parameters'] / 1e9:.2f}B parameters, {info['weights_4bit']} "
                              f"4-bit weights" for name, info in models.items())

@@ -158,7 +158,7 @@ def install_missing(gpu: bool, fetched: Sequence[str] = ()) -> str:
         found = "(" + ", ".join(f"{package} {_version(package)}" for package in shown) + ")"
     found += note
     if fetched:
-        found += f"; fetched {' and '.join(fetched)}"
+        found += f"; fetched {', '.join(fetched)}"
     lines = [f"{did} {found}"]
     if len(lines[0]) > MAX_LINE:  # what it kept or found on a line of its own
         lines = [did, textwrap.fill(found, MAX_LINE, initial_indent="    ", subsequent_indent="    ")]

@@ -1,7 +1,7 @@
-"""What `use_triton_dequantize()` buys in a real model: QLoRA training steps and prefill of a 4-bit
-Llama (random weights from a config, loaded through BitsAndBytesConfig: NF4, double quantization,
-bf16 compute), with and without the patch, side by side in one process. Prints the table and writes
-results/<gpu>/model.json.
+"""What `model_patch.use_triton_dequantize(dequantize_nf4)` buys in a real model: QLoRA training
+steps and prefill of a 4-bit Llama (random weights from a config, loaded through BitsAndBytesConfig:
+NF4, double quantization, bf16 compute), with and without the patch, side by side in one process.
+Prints the table and writes results/<gpu>/model.json.
 
     python model_benchmark.py            # a small Llama and a Llama-3.2-1B-shaped one (1.24B)
     python model_benchmark.py --quick    # the small one only, fewer repeats
@@ -27,6 +27,7 @@ import time
 import torch
 
 import helpers
+import model_patch  # use_triton_dequantize, handed the kernel cells' dequantize_nf4
 
 sys.path.insert(0, str(helpers.ROOT / "tests"))
 from kernel_cells import load_kernel_cells  # noqa: E402  (tests/: the notebook's kernel cells)
@@ -120,14 +121,14 @@ def interleaved_ms(variants: dict, kernel, repeats: int, warmup: int = 2) -> dic
     times = {name: [] for name in variants}
     for round_ in range(warmup + repeats):
         for name, (patched, work) in variants.items():
-            kernel.use_triton_dequantize(patched)
+            model_patch.use_triton_dequantize(kernel.dequantize_nf4, patched)
             helpers.synchronize()
             start = time.perf_counter()
             work()
             helpers.synchronize()
             if round_ >= warmup:
                 times[name].append((time.perf_counter() - start) * 1e3)
-    kernel.use_triton_dequantize(False)
+    model_patch.use_triton_dequantize(enable=False)
     return times
 
 
@@ -171,13 +172,13 @@ def dequantize_gpu_us(work, patched: bool, kernel) -> dict:
     and the GPU time of every kernel of the step."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
-    kernel.use_triton_dequantize(patched)
+    model_patch.use_triton_dequantize(kernel.dequantize_nf4, patched)
     helpers.synchronize()
     with _marked_bitsandbytes_dequantize(), \
             profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         work()
         helpers.synchronize()
-    kernel.use_triton_dequantize(False)
+    model_patch.use_triton_dequantize(enable=False)
     events = prof.events()
     device = [e for e in events if e.device_type == DeviceType.CUDA and e.name != BNB_RANGE]
     if torch.cuda.is_available() and not device:
@@ -195,13 +196,13 @@ def calls_of(work, kernel) -> dict:
     """Where one patched `work()` sends its 4-bit calls: PATCH_CALLS counted over one run.
     "matmul_4bit": every 4-bit matmul; of those, "dequantize+linear" are the ones bitsandbytes
     answers by dequantizing (the rest run its fused kernel); "dequantize_4bit": the backward's."""
-    kernel.use_triton_dequantize(True)
-    before = dict(kernel.PATCH_CALLS)
+    model_patch.use_triton_dequantize(kernel.dequantize_nf4)
+    before = dict(model_patch.PATCH_CALLS)
     work()
     helpers.synchronize()
-    kernel.use_triton_dequantize(False)
+    model_patch.use_triton_dequantize(enable=False)
     return {f"{path} -> {who}": count - before.get((path, who), 0)
-            for (path, who), count in kernel.PATCH_CALLS.items() if count != before.get((path, who), 0)}
+            for (path, who), count in model_patch.PATCH_CALLS.items() if count != before.get((path, who), 0)}
 
 
 def measure(name: str, work, kernel, repeats: int, tokens: int, same_output) -> dict:
@@ -233,9 +234,9 @@ def measure(name: str, work, kernel, repeats: int, tokens: int, same_output) -> 
 def same_result(work, kernel):
     """Whether `work()` returns the same bits with and without the patch (a check, not a test)."""
     def check():
-        with kernel.use_triton_dequantize(False):
+        with model_patch.use_triton_dequantize(enable=False):
             reference = work()
-        with kernel.use_triton_dequantize(True):
+        with model_patch.use_triton_dequantize(kernel.dequantize_nf4):
             ours = work()
         return bool(torch.equal(reference, ours))
     return check

@@ -5,7 +5,7 @@
 Rewrites, whatever they held before (the REPO_OWNER/REPO_NAME placeholder or an earlier publish):
 - the Colab badge in the notebook's first markdown cell and in README.md:
   https://colab.research.google.com/github/OWNER/NAME/blob/BRANCH/Unsloth_Puzzles_NF4.ipynb
-- HELPERS_URL in the notebook's install cell (report.py is fetched from beside it):
+- HELPERS_URL in the notebook's install cell (report.py and model_patch.py are fetched from beside it):
   https://raw.githubusercontent.com/OWNER/NAME/BRANCH/helpers.py
 Only those two cells and that README line change; everything else is written back byte for byte.
 """

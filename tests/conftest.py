@@ -32,14 +32,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def kernel():
-    """The notebook's kernel cells as a module; NF4_NOTEBOOK=path tests another notebook's."""
+    """The notebook's kernel cells (the paste unit) as a module; NF4_NOTEBOOK=path tests another
+    notebook's."""
     from kernel_cells import load_kernel_cells
     notebook = os.environ.get("NF4_NOTEBOOK")
     return load_kernel_cells(Path(notebook)) if notebook else load_kernel_cells()
-
-
-@pytest.fixture(scope="session")
-def paste_unit():
-    """The cells tagged `kernel` alone, as a user pastes them: no fast launch, no model patch."""
-    from kernel_cells import PASTE_UNIT, load_kernel_cells
-    return load_kernel_cells(name="nf4_paste_unit", tags=PASTE_UNIT)

@@ -1,8 +1,10 @@
 """The notebook's kernel cells as a module, for tests and benchmark scripts.
 
-Cells are picked by tag: `kernel` (the paste unit: the kernel, its wrapper and launch path) and
-`model-patch` (use_triton_dequantize). By default both, in notebook order, as "Run all" defines them; PASTE_UNIT alone is what a user pastes. The cell tagged
-`procedure` (the published test_dequantize) is loaded apart: load_procedure_cell."""
+Cells are picked by tag. By default PASTE_UNIT, the cells tagged `kernel` (the kernel, its wrapper
+and launch path): what a user pastes. Older notebooks split it (`fast-launch`) and carried the model
+patch as a cell (`model-patch`); name their tags to load them. The patch is model_patch.py now: import
+it and hand it the cells' function, model_patch.use_triton_dequantize(cells.dequantize_nf4). The cell
+tagged `procedure` (the published test_dequantize) is loaded apart: load_procedure_cell."""
 import importlib.util
 import json
 import os
@@ -16,10 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = Path(os.environ.get("NF4_NOTEBOOK", ROOT / "Unsloth_Puzzles_NF4.ipynb"))  # another: tests of its cells
 PASTE_UNIT = ("kernel",)
-ALL_CELLS = ("kernel", "model-patch")
 
 
-def kernel_cell_sources(notebook: Path = NOTEBOOK, tags=ALL_CELLS) -> list[str]:
+def kernel_cell_sources(notebook: Path = NOTEBOOK, tags=PASTE_UNIT) -> list[str]:
     """The source of every code cell carrying one of `tags`, in notebook order."""
     cells = json.loads(Path(notebook).read_text())["cells"]
     sources = ["".join(c["source"]) for c in cells
@@ -30,7 +31,7 @@ def kernel_cell_sources(notebook: Path = NOTEBOOK, tags=ALL_CELLS) -> list[str]:
 
 
 def load_kernel_cells(notebook: Path = NOTEBOOK, name: str = "nf4_kernel_cells",
-                      tags=ALL_CELLS) -> types.ModuleType:
+                      tags=PASTE_UNIT) -> types.ModuleType:
     """Import the notebook's cells tagged `tags`, run in order, as the module `name`.
 
     Two effects outlive the call, both on purpose: the module is registered in sys.modules (as

@@ -1,7 +1,9 @@
-"""use_triton_dequantize() in a model: a Llama from transformers (random weights from a config, loaded
-4-bit through BitsAndBytesConfig), with peft LoRA on every linear layer, gives the same logits and the
-same LoRA gradients, bit for bit, with and without the patch; every dequantization bitsandbytes did
-without it went through the kernel with it; and the patch is undone to the original objects.
+"""model_patch.py's use_triton_dequantize(dequantize_nf4), handed the kernel cells' function, in a model:
+a Llama from transformers (random weights from a config, loaded 4-bit through BitsAndBytesConfig), with
+peft LoRA on every linear layer, gives the same logits and the same LoRA gradients, bit for bit, with and
+without the patch; every dequantization bitsandbytes did without it went through the kernel with it; the
+patch is undone to the original objects; it asks for the kernel's function by name; and the notebook's
+check (check_in_a_small_llama) passes.
 
 Without a GPU the kernel runs in the interpreter on a tiny model. There bitsandbytes' forward
 dequantizes inside its CPU op (no Python function to route), so the model checks the backward and
@@ -10,15 +12,20 @@ implementation of it (test_forward_dequantize_then_linear). On a GPU (tests mark
 larger and its batch large enough (2048 tokens) that bitsandbytes' CUDA matmul dequantizes in the
 forward too.
 """
+import json
+import os
 import random
+import subprocess
 import sys
+import textwrap
 import threading
 
 import pytest
 import torch
 
 import model_benchmark
-from conftest import DEVICE, GPU
+import model_patch  # handed the kernel cells' function: model_patch.use_triton_dequantize(kernel.dequantize_nf4)
+from conftest import DEVICE, GPU, ROOT
 
 TARGETS = ("bitsandbytes.functional.dequantize_4bit", "bitsandbytes.matmul_4bit",
            "bitsandbytes.autograd._functions.matmul_4bit", "bitsandbytes.backends.cuda.ops._dequant_linear_fallback")
@@ -45,7 +52,8 @@ def _current(name):
 @pytest.fixture
 def calls(kernel, monkeypatch):
     """Counts of calls into our kernel and into bitsandbytes' own dequantizing functions, each
-    replaced by a counting stand-in that calls the real one (undone after the test)."""
+    replaced by a counting stand-in that calls the real one (undone after the test). The tests hand
+    the patch kernel.dequantize_nf4 after this fixture ran: the stand-in."""
     import bitsandbytes  # noqa: F401
     counts = {"kernel": 0, "bitsandbytes.functional.dequantize_4bit": 0,
               "bitsandbytes.backends.cuda.ops._dequant_linear_fallback": 0}
@@ -106,7 +114,7 @@ def _check_model(kernel, calls, model, ids, same_dtype):
     assert backward > 0, "the step dequantized nothing in its backward"
     originals = {name: _current(name) for name in TARGETS}
     calls.update(dict.fromkeys(calls, 0))
-    with kernel.use_triton_dequantize() as patch:
+    with model_patch.use_triton_dequantize(kernel.dequantize_nf4) as patch:
         assert "bitsandbytes.functional.dequantize_4bit" in patch.patched
         logits, grads = _step(model, ids)
     assert torch.equal(logits, plain_logits)
@@ -154,11 +162,11 @@ def test_gpu_decode_keeps_bitsandbytes_fused_kernel(kernel, calls, tmp_path):
     ids = torch.randint(0, LARGER["vocab_size"], (1, 1), device=DEVICE)
     with torch.inference_mode():
         plain = model(input_ids=ids).logits
-        matmuls = kernel.PATCH_CALLS["matmul_4bit", "bitsandbytes"]
-        with kernel.use_triton_dequantize():
+        matmuls = model_patch.PATCH_CALLS["matmul_4bit", "bitsandbytes"]
+        with model_patch.use_triton_dequantize(kernel.dequantize_nf4):
             ours = model(input_ids=ids).logits
     assert torch.equal(ours, plain)
-    assert kernel.PATCH_CALLS["matmul_4bit", "bitsandbytes"] - matmuls == weights > 0
+    assert model_patch.PATCH_CALLS["matmul_4bit", "bitsandbytes"] - matmuls == weights > 0
     assert calls == dict.fromkeys(calls, 0), "a one-token forward must stay in bitsandbytes' fused kernel"
 
 
@@ -181,7 +189,7 @@ def test_forward_dequantize_then_linear(kernel, calls):
     gemm_4bit, which has the CUDA fallback's signature and arithmetic), called as bitsandbytes'
     matmul_4bit calls it: nested and plain absmax, fp16 and bf16, a bias."""
     from bitsandbytes.backends.default.ops import _gemm_4bit_default_impl as bnb_dequantize_linear
-    through = kernel._dequantize_linear_through_triton(bnb_dequantize_linear)
+    through = model_patch._dequantize_linear_through_triton(bnb_dequantize_linear, kernel.dequantize_nf4)
 
     def gemm_args(W, qs):
         """What bitsandbytes' matmul_4bit passes its gemm_4bit (the CUDA one hands it on as is)."""
@@ -190,12 +198,12 @@ def test_forward_dequantize_then_linear(kernel, calls):
         return ((W.view(-1, 1), qs.shape, qs.state2.absmax, qs.blocksize, qs.quant_type),
                 dict(absmax_8bit=qs.absmax, absmax_code=qs.state2.code, absmax_offset=qs.offset))
 
-    @kernel._remember_quant_state
+    @model_patch._remember_quant_state
     def matmul_4bit(A, B, quant_state, out=None, bias=None):  # stands in for bitsandbytes' own
         args, kwargs = gemm_args(B, quant_state)
         return through(A, *args, bias=bias, **kwargs)
 
-    @kernel._remember_quant_state
+    @model_patch._remember_quant_state
     def mismatched(A, B, quant_state, out=None, bias=None):  # passes on another weight than it names
         args, kwargs = gemm_args(*other)
         return through(A, *args, bias=bias, **kwargs)
@@ -280,7 +288,7 @@ def test_refused_calls_get_bitsandbytes_answer(kernel, calls, shape, change, cal
     W, qs = _layer(shape)
     change(qs)
     reference = _outcome(lambda: call(bnbf.dequantize_4bit, W, qs))
-    with kernel.use_triton_dequantize():
+    with model_patch.use_triton_dequantize(kernel.dequantize_nf4):
         ours = _outcome(lambda: call(bnbf.dequantize_4bit, W, qs))
     assert _same(ours, reference)
     assert calls["kernel"] == (1 if taken else 0)
@@ -291,7 +299,7 @@ def test_torch_compile_tracing_goes_to_bitsandbytes(kernel, calls, monkeypatch):
     W, qs = _layer()
     reference = bnbf.dequantize_4bit(W, qs)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # what the patch sees while tracing
-    with kernel.use_triton_dequantize():
+    with model_patch.use_triton_dequantize(kernel.dequantize_nf4):
         assert torch.equal(bnbf.dequantize_4bit(W, qs), reference)
     assert calls["kernel"] == 0 and calls["bitsandbytes.functional.dequantize_4bit"] == 2
 
@@ -303,21 +311,22 @@ def test_patch_is_idempotent_nests_and_is_undone_exactly(kernel):
     # the CUDA backend's function is there where bitsandbytes loaded its CUDA backend (a GPU)
     assert set(present) >= set(TARGETS[:3]) and (TARGETS[3] in present or not GPU)
     try:
-        first = kernel.use_triton_dequantize()
+        first = model_patch.use_triton_dequantize(kernel.dequantize_nf4)
         assert first.patched == present
         installed = {name: _current(name) for name in present}
         assert all(installed[name] is not originals[name] and installed[name].__wrapped__ is originals[name]
                    for name in present)
-        again = kernel.use_triton_dequantize()  # a second call changes nothing: no wrapper of a wrapper
+        # a second call with the same function changes nothing: no wrapper of a wrapper
+        again = model_patch.use_triton_dequantize(kernel.dequantize_nf4)
         assert again.patched == present and all(_current(name) is installed[name] for name in present)
-        with kernel.use_triton_dequantize(False) as off:
+        with model_patch.use_triton_dequantize(enable=False) as off:
             assert off.patched == [] and all(_current(name) is originals[name] for name in present)
-            with kernel.use_triton_dequantize():
+            with model_patch.use_triton_dequantize(kernel.dequantize_nf4):
                 assert all(_current(name).__wrapped__ is originals[name] for name in present)
             assert all(_current(name) is originals[name] for name in present)
         assert all(_current(name).__wrapped__ is originals[name] for name in present)
     finally:
-        kernel.use_triton_dequantize(False)
+        model_patch.use_triton_dequantize(enable=False)
     assert {name: _current(name) for name in TARGETS} == originals
 
 
@@ -328,7 +337,7 @@ def test_switching_from_threads_never_tears_or_stacks(kernel):
     def flip(seed):
         rng = random.Random(seed)
         for _ in range(200):
-            kernel.use_triton_dequantize(rng.random() < 0.5)
+            model_patch.use_triton_dequantize(kernel.dequantize_nf4, rng.random() < 0.5)
 
     threads = [threading.Thread(target=flip, args=(seed,)) for seed in range(4)]
     try:
@@ -341,7 +350,7 @@ def test_switching_from_threads_never_tears_or_stacks(kernel):
         assert all(_current(name) is originals[name] or _current(name).__wrapped__ is originals[name]
                    for name in originals)
     finally:
-        kernel.use_triton_dequantize(False)
+        model_patch.use_triton_dequantize(enable=False)
     assert all(_current(name) is originals[name] for name in originals)
 
 
@@ -353,9 +362,99 @@ def test_every_reference_is_replaced(kernel):
     import peft.utils.integrations  # noqa: F401
     import transformers.integrations.bitsandbytes  # noqa: F401
     originals = {name: _current(name) for name in TARGETS if _current(name) is not None}
-    with kernel.use_triton_dequantize():
+    with model_patch.use_triton_dequantize(kernel.dequantize_nf4):
         left = [f"{module_name}.{attribute}"
                 for module_name, module in list(sys.modules.items()) if module is not None
                 for attribute, value in list(getattr(module, "__dict__", {}).items())
                 if any(value is original for original in originals.values())]
     assert left == [], f"copies the patch does not reach: {left}"
+
+
+def test_the_patch_asks_for_the_kernel_function(kernel):
+    """enable=True needs the kernel's function, and says so; switching off needs none."""
+    import bitsandbytes  # noqa: F401
+    originals = {name: _current(name) for name in TARGETS}
+    for wrong in ((), (True,), (False,), ("dequantize_nf4",)):
+        with pytest.raises(TypeError, match=r"use_triton_dequantize: .*dequantize_nf4"):
+            model_patch.use_triton_dequantize(*wrong)
+    with pytest.raises(TypeError, match=r"use_triton_dequantize\(enable=False\)"):
+        model_patch.use_triton_dequantize(False)  # the notebook cell's old spelling of "off"
+    assert model_patch.use_triton_dequantize(enable=False).patched == []
+    assert model_patch.use_triton_dequantize(None, False).patched == []
+    assert model_patch.use_triton_dequantize(kernel.dequantize_nf4, enable=False).patched == []
+    assert {name: _current(name) for name in TARGETS} == originals
+
+
+def test_another_kernel_function_is_called_instead_and_the_block_restores_the_first(kernel):
+    """Patched with one function, then a with-block with another: the replacements call the second
+    (still wrapping bitsandbytes' originals, never a replacement), and the first is back after it."""
+    import bitsandbytes.functional as bnbf
+    originals = {name: _current(name) for name in TARGETS if _current(name) is not None}
+    called = []
+
+    def first(W, quant_state):
+        called.append("first")
+        return kernel.dequantize_nf4(W, quant_state)
+
+    def second(W, quant_state):
+        called.append("second")
+        return kernel.dequantize_nf4(W, quant_state)
+
+    W, qs = _layer()
+    reference = bnbf.dequantize_4bit(W, qs)
+    try:
+        model_patch.use_triton_dequantize(first)
+        assert torch.equal(bnbf.dequantize_4bit(W, qs), reference)
+        with model_patch.use_triton_dequantize(second):
+            assert all(_current(name).__wrapped__ is originals[name] for name in originals)
+            assert torch.equal(bnbf.dequantize_4bit(W, qs), reference)
+        assert all(_current(name).__wrapped__ is originals[name] for name in originals)
+        assert torch.equal(bnbf.dequantize_4bit(W, qs), reference)
+    finally:
+        model_patch.use_triton_dequantize(enable=False)
+    assert called == ["first", "second", "first"]
+    assert all(_current(name) is originals[name] for name in originals)
+
+
+CPU_WITHOUT_THE_INTERPRETER = textwrap.dedent("""
+    import json, sys, warnings
+    sys.path[:0] = [{root!r}, {tests!r}]
+    warnings.simplefilter("error", RuntimeWarning)  # an unexpected kernel failure warns: make it fail
+    import bitsandbytes.functional as bnbf, torch
+    import model_patch
+    from kernel_cells import load_kernel_cells
+    cells = load_kernel_cells()
+    W, qs = bnbf.quantize_4bit(torch.randn(64, 128), blocksize=64, quant_type="nf4")
+    reference = bnbf.dequantize_4bit(W, qs)
+    with model_patch.use_triton_dequantize(cells.dequantize_nf4):
+        ours = bnbf.dequantize_4bit(W, qs)
+    print(json.dumps({{"interpreted": cells.INTERPRETED, "same": torch.equal(ours, reference),
+                      "triton": model_patch.PATCH_CALLS["dequantize_4bit", "triton"],
+                      "bitsandbytes": model_patch.PATCH_CALLS["dequantize_4bit", "bitsandbytes"]}}))
+""")
+
+
+def test_a_cpu_weight_without_the_interpreter_goes_to_bitsandbytes_quietly(tmp_path):
+    """Without TRITON_INTERPRET the kernel refuses a CPU weight in its own words ("dequantize_nf4:
+    ... runs on CUDA"): the patch takes that as a decline, without a warning, and bitsandbytes answers."""
+    script = tmp_path / "cpu_without_the_interpreter.py"
+    script.write_text(CPU_WITHOUT_THE_INTERPRETER.format(root=str(ROOT), tests=str(ROOT / "tests")))
+    environment = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=environment,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report == {"interpreted": False, "same": True, "triton": 0, "bitsandbytes": 1}, report
+
+
+def test_the_notebooks_check_in_a_small_llama(kernel):
+    """What the notebook's cell tagged model-check runs: bit-identical in bf16 and fp16, the kernel
+    dequantizing, and lines that fit the notebook's output."""
+    exact, lines = model_patch.check_in_a_small_llama(kernel.dequantize_nf4, DEVICE)
+    assert exact, lines
+    for dtype_name, said, counts in zip(("bf16", "fp16"), lines[0::2], lines[1::2]):
+        assert said.startswith(f"{dtype_name}: logits and ") and "bit-identical with and without" in said
+        assert counts.lstrip().startswith("our kernel dequantized ") and "bitsandbytes kept 0" in counts
+    replaced = " ".join(lines[4:])
+    assert replaced.startswith("Replaced while on: bitsandbytes.functional.dequantize_4bit, ")
+    assert all(len(line) <= 120 for line in lines), lines

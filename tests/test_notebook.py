@@ -1,6 +1,7 @@
-"""The notebook on its own: opened alone (what the Colab badge opens) it fetches helpers.py and report.py and runs
-top to bottom without a GPU (the interpreter), its exactness checks passing; its kernel cells stand
-alone; its metadata asks Colab for a T4. The install cell alone: tests/test_tooling_install_cell.py."""
+"""The notebook on its own: opened alone (what the Colab badge opens) it fetches helpers.py, report.py and
+model_patch.py and runs top to bottom without a GPU (the interpreter), its exactness checks passing; its
+kernel cells stand alone; its model section is one short cell over model_patch.py; its metadata asks Colab
+for a T4. The install cell alone: tests/test_tooling_install_cell.py."""
 import json
 import re
 import os
@@ -15,6 +16,7 @@ from nbclient import NotebookClient
 from conftest import GPU, ROOT
 
 NOTEBOOK = ROOT / "Unsloth_Puzzles_NF4.ipynb"
+FETCHED = ("helpers.py", "report.py", "model_patch.py")  # what the install cell fetches when it is missing
 
 
 def _text(cell):
@@ -23,11 +25,11 @@ def _text(cell):
 
 @pytest.mark.skipif(GPU, reason="the CPU run of the notebook; on a GPU it runs in full elsewhere")
 def test_notebook_runs_alone_on_cpu(tmp_path, monkeypatch):
-    # a directory holding only the notebook; helpers.py and report.py served from elsewhere, as once published
+    # a directory holding only the notebook; the files it imports served from elsewhere, as once published
     alone, served = tmp_path / "alone", tmp_path / "served"
     alone.mkdir(), served.mkdir()
     shutil.copy(NOTEBOOK, alone)
-    for name in ("helpers.py", "report.py"):
+    for name in FETCHED:
         shutil.copy(ROOT / name, served)
     monkeypatch.setenv("NF4_HELPERS_URL", (served / "helpers.py").as_uri())
     notebook = nbformat.read(alone / NOTEBOOK.name, as_version=4)
@@ -37,9 +39,9 @@ def test_notebook_runs_alone_on_cpu(tmp_path, monkeypatch):
     install = next(c for c in notebook.cells if c.source.startswith("# @title Install"))
     said = _text(install).split("\nNo GPU: ")[0]  # what it installed, kept or found; then what no GPU means
     assert said.startswith("local Jupyter (no GPU): nothing to install") and "(torch " in said
-    assert " ".join(said.split()).endswith("; fetched helpers.py and report.py")
+    assert " ".join(said.split()).endswith("; fetched helpers.py, report.py, model_patch.py")
     assert max(len(line) for line in _text(install).splitlines()) <= 120
-    for name in ("helpers.py", "report.py"):
+    for name in FETCHED:
         assert (alone / name).read_bytes() == (ROOT / name).read_bytes()
     card = next(c for c in notebook.cells if "report.ScoreCard(" in c.source)  # its display, as last updated
     shown = "".join(output.get("data", {}).get("text/markdown", "") for output in card.outputs)
@@ -48,6 +50,7 @@ def test_notebook_runs_alone_on_cpu(tmp_path, monkeypatch):
     assert "Needs a GPU, not scored in this run: single Triton kernel (+3)" in shown
     text = "\n".join(_text(c) for c in notebook.cells if c.cell_type == "code")
     assert "ALL EXACT" in text and "DIFFERENT" not in text
+    assert "MODEL EXACT" in text, "the small Llama's QLoRA step (model_patch.check_in_a_small_llama)"
     assert "No GPU: kernels run in Triton's interpreter" in text
     assert "procedure's checks passed" in text
     assert not (alone / "results").exists(), "a CPU run must not write results"
@@ -163,10 +166,22 @@ def test_the_first_live_result_follows_the_paste_unit():
     floor = next(i for i, s in enumerate(sources) if "report.format_floor(" in s)
     card = next(i for i, s in enumerate(sources) if "report.ScoreCard(" in s)
     appendix = next(i for i, s in enumerate(sources) if s.startswith("## Appendix"))
-    patch = next(i for i, c in enumerate(cells) if "model-patch" in _tags(c))
-    assert card < kernel[0] and kernel[-1] < correctness < procedure < floor < appendix < patch
+    model_check = next(i for i, c in enumerate(cells) if "model-check" in _tags(c))
+    assert card < kernel[0] and kernel[-1] < correctness < procedure < floor < appendix < model_check
     assert all(cells[i]["cell_type"] == "markdown" for i in range(correctness - 1, kernel[-1], -1)
                if "fast-launch" not in _tags(cells[i])), "nothing but prose between the paste unit and correctness"
+
+
+def test_the_model_section_is_one_short_cell_over_model_patch_py():
+    # issue 32: the patch is a module (one source of truth); the notebook only runs its check
+    cells = _cells()
+    sources = ["".join(c["source"]) for c in cells]
+    assert not any("class use_triton_dequantize" in s or "PATCH_CALLS = " in s for s in sources)
+    assert not any("model-patch" in _tags(c) for c in cells), "the patch lives in model_patch.py"
+    (check,) = [c for c in cells if "model-check" in _tags(c)]
+    source = "".join(check["source"])
+    assert "import model_patch" in source and "model_patch.check_in_a_small_llama(dequantize_nf4, DEVICE)" in source
+    assert "assert exact" in source and len(_code_lines(source)) <= 10
 
 
 def test_code_lines_fit_and_outputs_fit():

@@ -1,11 +1,12 @@
 """The paste unit as users paste it: the cells tagged `kernel` (kernel, wrapper and launch path),
 alone, in a fresh process (no model patch, no helpers.py), exact against bitsandbytes and fast on a
-GPU; within its size and free of generated code; imported as a module, with the model patch beside
+GPU; within its size and free of generated code; imported as a module, with model_patch.py beside
 it; and TRITON_INTERPRET read as Triton reads it."""
 import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,7 @@ import textwrap
 import pytest
 import torch
 
+from conftest import ROOT
 from kernel_cells import NOTEBOOK, PASTE_UNIT, kernel_cell_sources
 
 # How the paste unit must read (people paste and maintain it): plain code, in numbers
@@ -146,21 +148,22 @@ def test_triton_interpret_is_read_as_triton_reads_it(tmp_path):
 
 
 def test_the_cells_work_imported_as_a_module(tmp_path):
-    # `from nf4 import *` in a notebook, then the model patch cell: public names are enough, and the
-    # launch path lives in the module whose dequantize_nf4 uses it
+    # the paste unit saved as nf4.py and imported, model_patch.py beside it and handed nf4's public
+    # dequantize_nf4: the launch path lives in the module whose dequantize_nf4 uses it
     (tmp_path / "nf4.py").write_text(_paste_unit())
-    patch = kernel_cell_sources(NOTEBOOK, ("model-patch",))[0]
+    shutil.copy(ROOT / "model_patch.py", tmp_path)
     script = tmp_path / "notebook.py"
-    script.write_text("from nf4 import *\nimport nf4\n" + patch + "\n" + textwrap.dedent("""
+    script.write_text(textwrap.dedent("""
         import bitsandbytes as bnb, bitsandbytes.functional as bnbf, json, torch
+        import model_patch, nf4
         device = "cuda" if torch.cuda.is_available() else "cpu"
         layer = bnb.nn.Linear4bit(256, 64, bias=None, compute_dtype=torch.bfloat16).to(device)
         W, qs = layer.weight, layer.weight.quant_state
         reference = bnbf.dequantize_4bit(W, qs)
-        with use_triton_dequantize():
+        with model_patch.use_triton_dequantize(nf4.dequantize_nf4):
             got = [bnbf.dequantize_4bit(W, qs) for _ in range(3)]
         print(json.dumps({"exact": all(torch.equal(g, reference) for g in got),
-                          "triton_calls": PATCH_CALLS["dequantize_4bit", "triton"],
+                          "triton_calls": model_patch.PATCH_CALLS["dequantize_4bit", "triton"],
                           "plans": len(nf4._plans)}))
     """))
     report = _run(script, tmp_path)

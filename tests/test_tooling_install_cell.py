@@ -1,5 +1,6 @@
 """The notebook's install cell and helpers.install_missing, which it hands the install to, run in a fresh
-interpreter: the cell fetches helpers.py and report.py (naming the fix when it cannot), stays short, and
+interpreter: the cell fetches helpers.py, report.py and model_patch.py (naming the fix when it cannot),
+stays short, and
 helpers.py installs only what is missing, never torch or triton, pins what the requirements pin and says
 what it did in one line, naming the version of a package copied in without metadata. helpers.py imports
 where triton does not (a CPU torch, before triton is installed), and says what to do where torch is missing."""
@@ -20,7 +21,8 @@ from conftest import GPU, ROOT
 NOTEBOOK = ROOT / "Unsloth_Puzzles_NF4.ipynb"
 PLACEHOLDER_URL = "https://raw.githubusercontent.com/REPO_OWNER/REPO_NAME/main/helpers.py"
 WHERE = torch.cuda.get_device_name() if GPU else "no GPU"
-MAX_CELL_LINES = 25  # issue 32: the cell fetches helpers.py and report.py; helpers.py does the rest
+MAX_CELL_LINES = 25  # issue 32: the cell fetches FETCHED; helpers.py does the rest
+FETCHED = ("helpers.py", "report.py", "model_patch.py")  # the repository's files the notebook imports
 NO_GPU_NOTE = "No GPU: kernels run in Triton's interpreter; timings and unsloth's baseline need a GPU."
 
 
@@ -126,7 +128,7 @@ def run_install_cell(tmp_path, pretend=None, helpers=True, env=None):
     (tmp_path / "run_cell.py").write_text(RUN_CELL)
     (tmp_path / "versions.json").write_text(json.dumps(dict(PRESENT, **(pretend or {}))))
     if helpers:
-        for name in ("helpers.py", "report.py"):
+        for name in FETCHED:
             shutil.copy(ROOT / name, work)
     environment = {k: v for k, v in os.environ.items()
                    if k not in ("NF4_HELPERS_URL", "KAGGLE_KERNEL_RUN_TYPE", "TRITON_INTERPRET")}
@@ -270,9 +272,9 @@ def test_install_cell_says_why_pip_failed_and_on_kaggle_what_to_turn_on(tmp_path
 
 
 @pytest.mark.parametrize("url, message", [
-    (PLACEHOLDER_URL, "helpers.py and report.py not next to this notebook and HELPERS_URL still holds the "
-                      "placeholder: run scripts/publish.sh OWNER/NAME after pushing, or upload helpers.py and "
-                      "report.py next to the notebook."),
+    (PLACEHOLDER_URL, "helpers.py, report.py, model_patch.py not next to this notebook and HELPERS_URL still "
+                      "holds the placeholder: run scripts/publish.sh OWNER/NAME after pushing, or upload "
+                      "helpers.py, report.py, model_patch.py next to the notebook."),
     ("file:///nonexistent/helpers.py", "Could not fetch helpers.py from file:///nonexistent/helpers.py ("),
 ])
 def test_install_cell_names_the_fix_when_helpers_py_is_missing(tmp_path, url, message):
@@ -282,18 +284,33 @@ def test_install_cell_names_the_fix_when_helpers_py_is_missing(tmp_path, url, me
     assert calls == [] and not (tmp_path / "work" / "helpers.py").exists()
 
 
-def test_install_cell_fetches_helpers_and_report_from_beside_the_url_and_says_so_within_a_line(tmp_path):
+def test_install_cell_names_the_file_it_could_not_fetch_and_the_fix(tmp_path):
+    # helpers.py and report.py served, model_patch.py not: the cell stops at model_patch.py, naming every file
     served = tmp_path / "served"
     served.mkdir()
     for name in ("helpers.py", "report.py"):
         shutil.copy(ROOT / name, served)
     result, calls = run_install_cell(tmp_path, helpers=False, env={"NF4_HELPERS_URL": (served / "helpers.py").as_uri()})
+    assert result.returncode != 0 and calls == []
+    url = (served / "model_patch.py").as_uri()
+    assert f"RuntimeError: Could not fetch model_patch.py from {url} (" in result.stderr
+    assert ("upload the repository's helpers.py, report.py, model_patch.py next to this notebook."
+            in result.stderr)
+    assert not (tmp_path / "work" / "model_patch.py").exists()
+
+
+def test_install_cell_fetches_its_files_from_beside_the_url_and_says_so_within_a_line(tmp_path):
+    served = tmp_path / "served"
+    served.mkdir()
+    for name in FETCHED:
+        shutil.copy(ROOT / name, served)
+    result, calls = run_install_cell(tmp_path, helpers=False, env={"NF4_HELPERS_URL": (served / "helpers.py").as_uri()})
     assert result.returncode == 0, result.stderr[-3000:]
-    for name in ("helpers.py", "report.py"):
+    for name in FETCHED:
         assert (tmp_path / "work" / name).read_bytes() == (ROOT / name).read_bytes()
     said = result.stdout if GPU else result.stdout.replace(NO_GPU_NOTE + "\n", "")
     assert said.startswith(f"local Python ({WHERE}): nothing to install")
-    assert " ".join(said.split()).endswith("; fetched helpers.py and report.py")
+    assert " ".join(said.split()).endswith("; fetched helpers.py, report.py, model_patch.py")
     assert all(len(line) <= helpers.MAX_LINE for line in result.stdout.splitlines())
 
 
