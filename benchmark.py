@@ -317,25 +317,62 @@ def _kernel_method(results: dict) -> str:
             "cost is longer than the L2 flush before it")
 
 
+def _summary(results: dict, source: str) -> list[str]:
+    """What a reader needs first, from a notebook run's results: where and when, the score, the procedure's speedup,
+    the kernel's ratios against the copy kernel, and what a T4 should give (a forecast, labelled as one)."""
+    env, procedure, rows = results["environment"], results["procedure"], results["kernel"]
+    baselines = [m for m in helpers.BASELINES if m in procedure]
+    score = results.get("score")
+    facts = f"**Reference run** (the outputs committed here; `{source}/notebook.json`): {_measured_on(env)}."
+    if score:
+        facts += f" Score card {score['total']} / {score['max']}; Run all took {score['run_all_s'] / 60:.1f} minutes."
+    if "peak_memory_gib" in results:
+        facts += f" Peak GPU memory allocated: {results['peak_memory_gib']:.2f} GiB (a T4 has 15 GiB)."
+    lines = [facts, ""]
+    speedups = [f"{helpers.round_ratios(procedure, b)['median']:.2f}x {helpers.METHODS[b].name}" for b in baselines]
+    if speedups:
+        speedups[0] = (f"**{report.format_ratio(helpers.round_ratios(procedure, baselines[0]))}** "
+                       f"{helpers.METHODS[baselines[0]].name}")
+    lines.append(f"- The published procedure: ours {procedure['ours']['median_s']:.3f} s; speedup "
+                 + ", ".join(speedups) + ".")
+    fused = "unsloth_fused" if "unsloth_fused" in baselines else (baselines[0] if baselines else None)
+    if fused and rows:
+        ratios = [r[f"{fused}_us"] / r["ours_us"] for r in rows]
+        ceiling = [r["ceiling_us"] / r["ours_us"] for r in rows if "ceiling_us" in r]
+        lines.append(f"- The kernel alone (GPU time): {min(ratios):.2f}x to {max(ratios):.2f}x "
+                     f"{helpers.METHODS[fused].prose}"
+                     + (f"; a copy kernel moving the same bytes takes {min(ceiling):.0%} to {max(ceiling):.0%} of "
+                        "ours" if ceiling else "") + ".")
+    forecast = results.get("t4_forecast")
+    if forecast and fused in forecast.get("ratios", {}):
+        ratios, seconds = forecast["ratios"][fused], forecast["seconds"]["ours"]
+        line = (f"- **On a T4, a forecast, not a measurement**: ours {min(seconds):.2f}–{max(seconds):.2f} s, "
+                f"{min(ratios):.2f}x–{max(ratios):.2f}x {helpers.METHODS[fused].prose} (a host 1–3x slower than "
+                "this one)")
+        emulated = forecast.get("emulated") or {}
+        if emulated.get("ratios", {}).get(fused):
+            line += f"; emulated on this GPU with a T4's GPU time per call: {emulated['ratios'][fused]:.2f}x"
+        lines.append(line + ". No T4 number is measured here.")
+    return lines + [""]
+
+
 def headline(source: str, where: str) -> str:
-    """The headline block (between the markers) for `where`, 'readme' or 'notebook', made from
-    `source`/notebook.json; the README's also from `source`/benchmark.json and sweep.json."""
+    """The headline block (between the markers) for `where`: the notebook's is the summary (_summary); the README's
+    goes on with the table, how it was measured, and benchmark.json's, host_cost.json's and model.json's results.
+    Made from `source`/notebook.json and the files beside it."""
     results = _load(source, "notebook.json")
     if results is None:
         raise FileNotFoundError(f"{source}/notebook.json")
+    if where == "notebook":
+        return "\n".join(_summary(results, source)).rstrip("\n") + "\n"
     env, procedure, rows = results["environment"], results["procedure"], results["kernel"]
     baselines = [m for m in helpers.BASELINES if m in procedure]
     methods = ["ours", *baselines]
     runs = len(procedure["ours"]["runs_s"])
-    score = results.get("score")
-    run_all = f" Run all took {score['run_all_s'] / 60:.1f} minutes there; its score card: {score['total']} / " \
-              f"{score['max']}." if score else ""
-    if "peak_memory_gib" in results:
-        run_all += f" Peak GPU memory allocated: {results['peak_memory_gib']:.2f} GiB (a T4 has 15 GiB)."
-    lines = [f"Measured on {_measured_on(env)}, by the notebook run committed here (`{source}/notebook.json`; "
-             "`python benchmark.py --headline` writes this table from that file)." + run_all + " **No T4 number "
-             "is claimed**: the notebook measures whatever GPU it runs on. Procedure speedup: a round's baseline "
-             "time / ours, the median over the rounds (min–max); in brackets elsewhere: baseline time / ours.",
+    lines = _summary(results, source) + [
+             "`python benchmark.py --headline` writes this block from that file. Procedure "
+             "speedup: a round's baseline time / ours, the median over the rounds (min–max); in brackets elsewhere: "
+             "baseline time / ours.",
              "",
              "| | " + " | ".join(helpers.METHODS[m].name for m in methods) + " |",
              "|---" * (len(methods) + 1) + "|"]
@@ -394,8 +431,7 @@ def headline(source: str, where: str) -> str:
     for paragraph in (ratio_sentence, " ".join(t4_sentences)):
         if paragraph:
             lines += ["", paragraph]
-    if where == "readme":
-        lines += _benchmark_paragraph(source) + _model_paragraph(source)
+    lines += _benchmark_paragraph(source) + _model_paragraph(source)
     return "\n".join(lines) + "\n"
 
 

@@ -258,7 +258,7 @@ class Method(NamedTuple):
 METHODS = {  # every method the tables compare, keyed as in the result files
     "ours": Method("ours", "ours", "triton_dequantize_nf4 (the notebook's kernel cells)", "ours"),
     "ours_via_triton": Method("ours through Triton's own launch",
-                              "ours through Triton's own launch (kernel[grid](...), every call bound by Triton)",
+                              "ours through Triton's own launch (`kernel[grid](...)`, every call bound by Triton)",
                               "dequantize_nf4_via_triton (the kernel cells' kernel through Triton's own launch)",
                               "ours through Triton's own launch"),
     "unsloth_fused": Method("unsloth fused", "unsloth `fast_dequantize` (fused Triton, default)",

@@ -5,7 +5,8 @@ markdown tables and plots. Fetched beside helpers.py; nothing here measures.
   2. Tables, as markdown       markdown_table, format_ratio, format_procedure, format_floor, format_t4_forecast,
                                format_kernel_table, format_cpu_cost, describe_layer, split_rows, mean_split,
                                saved_split, format_time_split, format_compile_report
-  3. Plots                     plot_procedure, plot_kernel_speedups, plot_bandwidth, plot_time_split
+  3. Plots                     plot_procedure, plot_kernel_speedups, plot_bandwidth, plot_time_split;
+                               show_figure and show_image (with alt text), figure_alt
 
 No printed line or table row is longer than MAX_LINE (Colab wraps longer ones), and no wrapped line
 starts with a Markdown block marker ('>', '- ', '1. ', '#'): `wrap` keeps such a word on the line before.
@@ -14,6 +15,9 @@ size it is saved (at most 9 inches wide, 100 dpi), its legend inside or below th
 """
 from __future__ import annotations
 
+import base64
+import html
+import io
 import re
 import time
 from pathlib import Path
@@ -334,26 +338,21 @@ def format_t4_forecast(forecast: dict | None, env: dict) -> str:
 
 
 def format_kernel_table(rows: Sequence[dict], methods: Sequence[str]) -> str:
-    """kernel_table's rows as markdown: GPU time per call with baseline / ours; its spread; GB/s with
-    the copy ceiling's share of ours."""
-    names = [*methods, "ceiling"]
-
-    def table(cell, extra=None):  # extra: (header, cell) of a last column
-        return markdown_table(["weight", *map(column, methods), "copy ceiling", *([extra[0]] if extra else [])],
-                              [[_weight(r["shape"], r["dtype"]), *(cell(r, n) for n in names),
-                                *([extra[1](r)] if extra else [])] for r in rows])
-
-    ratio = lambda r, n: "" if n in OURS or n == "ceiling" else f" ({r[f'{n}_us'] / r['ours_us']:.2f}x)"
+    """kernel_table's rows as one markdown table: GPU time per call with baseline / ours, the copy ceiling, and
+    ours in GB/s with the copy ceiling's time as a share of ours (each method's GB/s and the calls' spread stay in
+    the result file)."""
     kernels = ", ".join(f"{column(n)} {rows[0][f'{n}_kernels']}" for n in methods)
+    header = ["weight", *map(column, methods), "copy ceiling", "ours, GB/s", "ceiling / ours"]
+    table = []
+    for r in rows:
+        times = [f"{r[f'{n}_us']:.2f}" + ("" if n in OURS else f" ({r[f'{n}_us'] / r['ours_us']:.2f}x)")
+                 for n in methods]
+        table.append([_weight(r["shape"], r["dtype"]), *times, f"{r['ceiling_us']:.2f}", f"{r['ours_gbs']:.0f}",
+                      f"{r['ceiling_us'] / r['ours_us']:.1%}"])
     return "\n\n".join([
         wrap(f"Kernel only. {GPU_TIME_METHOD}; µs per call, median of {rows[0]['ours_samples']} calls, "
-              f"baseline / ours in brackets. GPU operations per call: {kernels}."),
-        table(lambda r, n: f"{r[f'{n}_us']:.2f}{ratio(r, n)}"),
-        "The same calls' spread, 20th - 80th percentile, µs:",
-        table(lambda r, n: f"{r[f'{n}_p20_us']:.2f} - {r[f'{n}_p80_us']:.2f}"),
-        "GB/s (bytes moved / GPU time), and the copy ceiling's time as a share of ours:",
-        table(lambda r, n: f"{r[f'{n}_gbs']:.0f}",
-              ("ceiling / ours", lambda r: f"{r['ceiling_us'] / r['ours_us']:.1%}"))])
+             f"baseline / ours in brackets. GPU operations per call: {kernels}."),
+        markdown_table(header, table)])
 
 
 def format_cpu_cost(cost: dict, methods: Sequence[str]) -> str:
@@ -523,6 +522,44 @@ def _bars(ax, groups: int, series: Sequence[tuple[str, list[float]]], fmt: str) 
     return max((v for _, values in series for v in values), default=1.0)
 
 
+def _display_image(png: bytes, alt: str, width_px: int) -> None:
+    """A PNG shown with alt text: an <img> for HTML readers (nbconvert, GitHub, Colab), the PNG itself, and the
+    alt text as the plain-text fallback; outside a notebook, the alt text printed."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        get_ipython = None
+    if get_ipython is None or get_ipython() is None:
+        print(f"[figure: {alt}]")
+        return
+    data = base64.b64encode(png).decode()
+    tag = f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt)}" width="{width_px}">'
+    display({"text/html": tag, "image/png": data, "text/plain": alt}, raw=True)
+
+
+def figure_alt(fig) -> str:
+    """A figure's alt text from its own words: its title (first line) and each axes' title."""
+    parts = [fig.get_suptitle().split("\n")[0]] + [ax.get_title() for ax in fig.axes if ax.get_title()]
+    return ". ".join(part for part in parts if part)
+
+
+def show_figure(fig, alt: str | None = None) -> None:
+    """A figure shown at the size it was drawn, with alt text (figure_alt unless given), then closed so that
+    the notebook shows it once."""
+    import matplotlib.pyplot as plt
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=FIGURE_DPI)
+    width_px = round(fig.get_figwidth() * FIGURE_DPI)
+    _display_image(buffer.getvalue(), alt or figure_alt(fig), width_px)
+    plt.close(fig)
+
+
+def show_image(path: Path, alt: str, width_px: int = round(FIGURE_WIDTH * FIGURE_DPI)) -> None:
+    """A saved PNG shown with alt text, at width_px (its drawn width: FIGURE_WIDTH at FIGURE_DPI)."""
+    _display_image(Path(path).read_bytes(), alt, width_px)
+
+
 def _save(fig, path: Path | None):
     if path is not None:
         fig.savefig(path, dpi=FIGURE_DPI)
@@ -649,3 +686,31 @@ def plot_time_split(procedure: dict, env: dict, path: Path | None = None):
     fig.suptitle(f"Where one call's time goes in the published procedure's loop\n{_subtitle(env)}", fontsize=11)
     _legend_below(fig, axes[:, 0])
     return _save(fig, path)
+
+
+def newest_t4_code(root: Path) -> Path | None:
+    """The newest t4_code.json under root/results (by the date it records), or None."""
+    import json
+    found = [(json.loads(path.read_text())["environment"]["date"], path)
+             for path in sorted(Path(root, "results").glob("*/t4_code.json"))]
+    return max(found)[1] if found else None
+
+
+def format_t4_code(path: Path, t4_config) -> str:
+    """t4_benchmark.py's result file as markdown: per shape, unsloth's sm_75 build, ours with the T4's
+    LAUNCH_CONFIGS entry (t4_config) and unsloth's time over ours, and the copy kernel; labelled what it is."""
+    import json
+    t4 = json.loads(Path(path).read_text())
+    shapes, env = t4["shapes"], t4["environment"]
+    ours = [next(c for c in s["ours"].values() if list(c["config"]) == list(t4_config)) for s in shapes]
+    unsloth_us = [s["unsloth"]["best_us"] for s in shapes]
+    rows = [["unsloth fused, its choice for 7.5", *(f"{us:.2f}" for us in unsloth_us)],
+            ["ours, LAUNCH_CONFIGS[(7, 5)]", *(f"{o['best_us']:.2f} ({us / o['best_us']:.2f}x)"
+                                               for us, o in zip(unsloth_us, ours))],
+            ["copy kernel, same bytes", *(f"{s['copy']['best_us']:.2f}" for s in shapes)]]
+    exact = "yes" if all(o["sm75_bit_exact"] for o in ours) else "NO"
+    header = ["sm_75 build", *(_weight(s["shape"], s["dtype"]) for s in shapes)]
+    return "\n\n".join([wrap(f"From `{Path(path).parent.name}/{Path(path).name}`: {t4['what']} ({versions_line(env)}). "
+                             "GPU µs per call, best of 7 rounds; (x) = unsloth's time / ours. Every output "
+                             f"bit-identical to bitsandbytes: {exact}."),
+                        markdown_table(header, rows)])

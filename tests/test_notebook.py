@@ -2,6 +2,7 @@
 model_patch.py and runs top to bottom without a GPU (the interpreter), its exactness checks passing; its
 kernel cells stand alone; its model section is one short cell over model_patch.py; its metadata asks Colab
 for a T4. The install cell alone: tests/test_tooling_install_cell.py."""
+import html
 import json
 import re
 import os
@@ -224,3 +225,24 @@ def test_readme_and_notebook_state_the_same_numbers():
     assert peak in shown["results"]
     card_s = re.findall(r"Run all (?:so far|took):? (\d+) s", shown["score-card"])
     assert card_s and abs(int(card_s[-1]) - results["score"]["run_all_s"]) <= 1, (card_s, results["score"])
+
+
+def test_one_heading_level_per_depth():
+    # the title alone is level 1; the sections, the Appendix among them, level 2; the Appendix's parts level 3
+    headings = [line for c in _cells() if c["cell_type"] == "markdown"
+                for line in "".join(c["source"]).splitlines() if line.startswith("#")]
+    levels = [len(line) - len(line.lstrip("#")) for line in headings]
+    assert levels[0] == 1 and levels.count(1) == 1, headings[:3]
+    appendix = headings.index("## Appendix")
+    assert set(levels[1:appendix + 1]) == {2}, "every section before the Appendix is level 2"
+    assert set(levels[appendix + 1:]) == {3}, "the Appendix's parts are level 3"
+
+
+def test_every_committed_image_has_alt_text():
+    images = [output for c in _cells() for output in c.get("outputs", []) if "image/png" in output.get("data", {})]
+    assert len(images) >= 3, "the committed run shows the procedure, the per-shape speedups and the time split"
+    for output in images:
+        tag = "".join(output["data"].get("text/html", ""))
+        alt = re.search(r'alt="([^"]+)"', tag)
+        assert alt and len(alt.group(1)) > 20, "an image without alt text (report.show_figure gives one)"
+        assert "".join(output["data"].get("text/plain", "")) == html.unescape(alt.group(1))

@@ -2,6 +2,7 @@
 1.15x target drawn on the procedure's plot only, no label collides with another or with a reference line,
 and each figure reads at a glance: the environment named once in a one-line subtitle, text 9 pt or more
 at the saved size, dark value labels, the legend inside or below the axes, a labelled colour bar."""
+import html
 import json
 
 import matplotlib
@@ -242,3 +243,21 @@ def test_the_t4_heatmap_has_a_labelled_colour_bar_and_dark_cells(monkeypatch, tm
     colorbars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
     assert len(colorbars) == 1 and colorbars[0].get_ylabel() == "unsloth's sm_75 time / ours"
     _reads_at_a_glance(fig, tmp_path / "t4.png", json.loads(path.read_text())["environment"])
+
+
+def test_a_shown_figure_carries_alt_text_from_its_own_words(monkeypatch):
+    # report.show_figure hands IPython an <img> whose alt is the figure's title and axes' titles, the same words
+    # as the plain-text fallback, and closes the figure so that the notebook shows it once
+    import matplotlib.pyplot as plt
+    from IPython import display as ipython_display
+    import IPython
+    fig = report.plot_procedure(procedure(), ENV)
+    shown = []
+    monkeypatch.setattr(IPython, "get_ipython", lambda: object())
+    monkeypatch.setattr(ipython_display, "display", lambda bundle, raw: shown.append(bundle))
+    report.show_figure(fig)
+    (bundle,) = shown
+    alt = report.figure_alt(fig)
+    assert "procedure" in alt.lower() and bundle["text/plain"] == alt
+    assert f'alt="{html.escape(alt)}"' in bundle["text/html"] and 'width="900"' in bundle["text/html"]
+    assert not plt.fignum_exists(fig.number)

@@ -62,8 +62,13 @@ def _results_dir(tmp_path, with_split):
 
 def test_headline_from_gpu_time_results(tmp_path):
     source = _results_dir(tmp_path, with_split=True)
-    text = benchmark.headline(source, "notebook")
+    summary, text = benchmark.headline(source, "notebook"), benchmark.headline(source, "readme")
+    assert text.startswith(summary), "the README's headline starts with the notebook's summary"
     procedure, rows = make_procedure(), kernel_rows()
+    fused = helpers.round_ratios(procedure, "unsloth_fused")
+    assert f"**{report.format_ratio(fused)}** unsloth `fast_dequantize` (fused Triton, default)" in summary
+    assert "**On a T4, a forecast, not a measurement**" in summary and "emulated on this GPU" in summary
+    assert "|" not in summary, "the notebook's summary holds no table"
     for base in METHODS[1:]:
         r = helpers.round_ratios(procedure, base)
         assert (f"{procedure[base]['median_s']:.3f}, **{r['median']:.2f}x** ({r['min']:.2f}–{r['max']:.2f}x "
@@ -90,8 +95,8 @@ def test_headline_from_gpu_time_results(tmp_path):
     assert "| kernel only, 4096x1024 bf16, µs |" in text
     kernel_ratios = [r["unsloth_fused_us"] / r["ours_us"] for r in rows]
     assert f"kernel ratios {min(kernel_ratios):.2f}x to {max(kernel_ratios):.2f}x" in text
-    assert "What a T4 should give" in text and "the notebook run committed here" in text
-    assert "Run all took" not in text and "Peak GPU memory" not in text  # no score card, no memory
+    assert "What a T4 should give" in text and "the outputs committed here" in text
+    assert "Score card" not in text and "Peak GPU memory" not in text  # no score card, no memory
     assert "multiple of this GPU's floor" not in text  # no copy bandwidth in these results
     t4_s = helpers.procedure_bytes() / 1e9 / helpers.T4_COPY_GBS
     assert f"601 GB / {helpers.T4_COPY_GBS} GB/s = {t4_s:.2f} s" in text  # what a T4 should give: arithmetic
@@ -99,8 +104,8 @@ def test_headline_from_gpu_time_results(tmp_path):
     results.update(score={"total": 13, "max": 14, "run_all_s": 300.0}, peak_memory_gib=3.665,
                    device_copy_gbs=4000.0)
     (tmp_path / "notebook.json").write_text(json.dumps(results))
-    text = benchmark.headline(source, "notebook")
-    assert "Run all took 5.0 minutes there; its score card: 13 / 14." in text
+    text = benchmark.headline(source, "readme")
+    assert "Score card 13 / 14; Run all took 5.0 minutes." in text
     assert "Peak GPU memory allocated: 3.67 GiB" in text
     floor_s = helpers.procedure_bytes() / 1e9 / 4000.0
     assert (f"| the procedure as a multiple of this GPU's floor (601 GB / 4000 GB/s device copy = {floor_s:.3f} s) | "
