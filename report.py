@@ -662,7 +662,7 @@ def plot_time_split(procedure: dict, env: dict, path: Path | None = None):
     rows = split_rows(procedure)
     cases = list(dict.fromkeys(r["case"] for r in rows))
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    fig, axes = plt.subplots(len(cases), 1, figsize=(FIGURE_WIDTH, 1.6 + len(cases) * (0.6 + 0.35 * len(methods))),
+    fig, axes = plt.subplots(len(cases), 1, figsize=(FIGURE_WIDTH, 1.6 + len(cases) * (0.45 + 0.27 * len(methods))),
                              squeeze=False, layout="constrained")
     for ax, case in zip(axes[:, 0], cases):
         here = [next(r for r in rows if r["case"] == case and r["method"] == m) for m in methods]
