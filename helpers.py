@@ -1,7 +1,7 @@
 """How the NF4 notebook's numbers are made, in its order; report.py (fetched beside it) shows them. Nothing
 here imports the kernel: functions take the callables they run (tests/kernel_cells.py loads the kernel cells).
 
-  0. Installing what is missing    PACKAGES, UNSLOTH, install_missing (the first cell's; imports without triton)
+  0. Installing what is missing    PACKAGES, UNSLOTH, install_missing (the first cell's; triton imported only with a GPU)
   1. Environment and device facts  wrap, environment, versions_line, short_dtype, bytes_moved
   2. The test procedure            METHODS, OURS, BASELINES, SAME_KERNELS, PROCEDURE_CASES, KERNEL_SHAPES,
                                    make_layer, exactness, dequantizers, check_baselines, usable, MLP,
@@ -51,13 +51,14 @@ except ModuleNotFoundError as error:
         raise
     raise RuntimeError("torch is not installed: install PyTorch for this machine "
                        "(https://pytorch.org/get-started/locally/), then run this cell again.") from None
-try:  # a GPU's torch brings triton; a CPU torch may come without it, until install_missing installs it
+# triton only with a GPU: the kernels here are the GPU's (timing). Without one the notebook turns on Triton's
+# interpreter after this import, and triton.language imported before that would leave Triton's own jit
+# functions (tl.interleave) compiled-only, failing the kernel cell. A CPU torch may also come without triton.
+if torch.cuda.is_available():
     import triton
     import triton.language as tl
-except ModuleNotFoundError as error:
-    if error.name != "triton":
-        raise
-    triton = None  # the kernels below are the GPU's (timing), defined only where triton imports
+else:
+    triton = None
 
 ROOT = Path(__file__).resolve().parent
 MAX_LINE = 120  # Colab wraps longer lines: no printed line or table row is longer
@@ -547,7 +548,7 @@ class DeviceEvent(NamedTuple):
     name: str
 
 
-if triton is not None:  # a GPU kernel: a GPU's torch always brings triton
+if triton is not None:  # a GPU kernel, defined only with a GPU
     @triton.jit
     def _l2_flush_before_timed_call(buffer_ptr, n_words, BLOCK: tl.constexpr):
         # Zeros over twice the L2: no byte of the timed call's data survives in the cache. Its name
@@ -714,7 +715,7 @@ def add_call_split(procedure: dict, methods: dict[str, Callable], build_case: Ca
         del mlp, layers
 
 
-if triton is not None:  # a GPU kernel: a GPU's torch always brings triton
+if triton is not None:  # a GPU kernel, defined only with a GPU
     @triton.jit
     def _copy_ceiling_kernel(packed_ptr, out_ptr, n_bytes, BYTES: tl.constexpr):
         # Reads the packed bytes and writes two 16-bit values per byte, with no decoding: the bytes
@@ -769,7 +770,7 @@ def kernel_table(methods: dict[str, Callable]) -> list[dict]:
     return rows
 
 
-if triton is not None:  # a GPU kernel: a GPU's torch always brings triton
+if triton is not None:  # a GPU kernel, defined only with a GPU
     @triton.jit
     def _store_16_zeros(out_ptr):
         # The least a launch can do and still leave a result. No constexpr and no integer argument:

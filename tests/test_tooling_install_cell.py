@@ -225,6 +225,30 @@ def test_helpers_imports_where_triton_does_not(tmp_path):
     assert result.stdout.split() == ["True", "False", "False", "True", str(len(helpers.CPU_SHAPES))]
 
 
+def test_helpers_leaves_triton_language_to_the_interpreter_without_a_gpu():
+    # The install cell imports helpers, then sets TRITON_INTERPRET where torch sees no GPU: triton.language
+    # must not be imported before that, or Triton's own jit functions (tl.interleave) stay compiled-only
+    script = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import helpers, torch
+        imported_early = "triton.language" in sys.modules
+        if not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"
+        import triton.language as tl
+        print(torch.cuda.is_available(), imported_early, type(tl.interleave).__name__)
+    """)
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            env=environment)
+    assert result.returncode == 0, result.stderr[-3000:]
+    gpu, imported_early, interleave = result.stdout.split()
+    if gpu == "True":
+        assert interleave == "JITFunction"
+    else:
+        assert (imported_early, interleave) == ("False", "InterpretedFunction")
+
+
 def test_install_cell_says_what_to_do_where_torch_is_missing(tmp_path):
     result, calls = run_install_cell(tmp_path, {"torch": None})
     assert result.returncode != 0 and calls == []
