@@ -285,8 +285,9 @@ def test_the_procedure_cell_builds_a_case_as_the_procedure_does(procedure_cell):
         assert torch.get_default_dtype() == torch.float32  # the procedure sets it, per case
         # the same seed, the layers built first, then X: the procedure's order of random draws
         set_seed(case[4])
-        again = helpers.MLP(case[2] // 16, case[3] // 16, case[5], "cpu")
-        assert torch.equal(X, torch.randn(case[0], case[1] // 16, case[2] // 16, dtype=case[5]))
+        again = helpers.MLP(case[2] // 16, case[3] // 16, case[5], procedure_cell.DEVICE)
+        X_again = torch.randn(case[0], case[1] // 16, case[2] // 16, dtype=case[5], device=procedure_cell.DEVICE)
+        assert torch.equal(X, X_again)
     finally:
         torch.set_default_dtype(torch.float32)
     assert [tuple(layer.weight.quant_state.shape) for layer in mlp.layers()] == [(256, 64), (256, 64), (64, 256)]
