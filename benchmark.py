@@ -333,7 +333,12 @@ def _summary(results: dict, source: str) -> list[str]:
     if speedups:
         speedups[0] = (f"**{report.format_ratio(helpers.round_ratios(procedure, baselines[0]))}** "
                        f"{helpers.METHODS[baselines[0]].name}")
-    lines.append(f"- The published procedure: ours {procedure['ours']['median_s']:.3f} s; speedup "
+    gigabytes = helpers.procedure_bytes() / 1e9
+    floor = ""
+    if results.get("device_copy_gbs"):
+        copy_gbs = results["device_copy_gbs"]
+        floor = f" (floor {gigabytes:.0f} GB / {copy_gbs:.0f} GB/s = {gigabytes / copy_gbs:.3f} s)"
+    lines.append(f"- The published procedure: ours {procedure['ours']['median_s']:.3f} s{floor}; speedup "
                  + ", ".join(speedups) + ".")
     fused = "unsloth_fused" if "unsloth_fused" in baselines else (baselines[0] if baselines else None)
     if fused and rows:
@@ -346,7 +351,9 @@ def _summary(results: dict, source: str) -> list[str]:
     forecast = results.get("t4_forecast")
     if forecast and fused in forecast.get("ratios", {}):
         ratios, seconds = forecast["ratios"][fused], forecast["seconds"]["ours"]
-        line = (f"- **On a T4, a forecast, not a measurement**: ours {min(seconds):.2f}–{max(seconds):.2f} s, "
+        t4_floor = f"{gigabytes:.0f} GB / {helpers.T4_COPY_GBS} GB/s = {gigabytes / helpers.T4_COPY_GBS:.2f} s"
+        line = (f"- **On a T4, a forecast, not a measurement**: ours {min(seconds):.2f}–{max(seconds):.2f} s "
+                f"(floor {t4_floor}), "
                 f"{min(ratios):.2f}x–{max(ratios):.2f}x {helpers.METHODS[fused].prose} (a host 1–3x slower than "
                 "this one)")
         emulated = forecast.get("emulated") or {}

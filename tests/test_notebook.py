@@ -85,11 +85,13 @@ def test_notebook_metadata_asks_colab_for_a_t4():
 
 
 def _lines_shown(cell):
-    """Every line a committed output shows: printed text, and what a display renders."""
+    """Every line a committed output shows: printed text, and what a display renders (its text/plain only
+    where it has nothing richer: an image's text/plain is its alt text, not shown)."""
     for output in cell.get("outputs", []):
         texts = [output.get("text", "")]
         data = output.get("data", {})
-        texts += [data.get("text/markdown", ""), data.get("text/plain", "") if "text/markdown" not in data else ""]
+        richer = any(kind in data for kind in ("text/markdown", "text/html", "image/png"))
+        texts += [data.get("text/markdown", ""), "" if richer else data.get("text/plain", "")]
         for text in texts:
             yield from "".join(text).splitlines()
 
