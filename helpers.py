@@ -1,7 +1,7 @@
 """How the NF4 notebook's numbers are made, in its order; report.py (fetched beside it) shows them. Nothing
 here imports the kernel: functions take the callables they run (tests/kernel_cells.py loads the kernel cells).
 
-  0. Installing what is missing    PACKAGES, UNSLOTH, install_missing (the first cell's; triton imported only with a GPU)
+  0. Installing what is missing    PACKAGES, UNSLOTH, install_missing (the first cell's; triton only with a GPU)
   1. Environment and device facts  wrap, environment, versions_line, short_dtype, bytes_moved
   2. The test procedure            METHODS, OURS, BASELINES, SAME_KERNELS, PROCEDURE_CASES, KERNEL_SHAPES,
                                    make_layer, exactness, dequantizers, check_baselines, usable, MLP,
@@ -51,14 +51,16 @@ except ModuleNotFoundError as error:
         raise
     raise RuntimeError("torch is not installed: install PyTorch for this machine "
                        "(https://pytorch.org/get-started/locally/), then run this cell again.") from None
-# triton only with a GPU: the kernels here are the GPU's (timing). Without one the notebook turns on Triton's
-# interpreter after this import, and triton.language imported before that would leave Triton's own jit
-# functions (tl.interleave) compiled-only, failing the kernel cell. A CPU torch may also come without triton.
+# triton only with a GPU, for the GPU's kernels here: without one the notebook turns on Triton's interpreter after
+# this import, and triton.language imported before that keeps tl.interleave and the like out of the interpreter
+triton = None
 if torch.cuda.is_available():
-    import triton
-    import triton.language as tl
-else:
-    triton = None
+    try:
+        import triton
+        import triton.language as tl
+    except ModuleNotFoundError as error:  # a torch without triton, until install_missing installs it
+        if error.name != "triton":
+            raise
 
 ROOT = Path(__file__).resolve().parent
 MAX_LINE = 120  # Colab wraps longer lines: no printed line or table row is longer
@@ -685,11 +687,11 @@ def add_call_split(procedure: dict, methods: dict[str, Callable], build_case: Ca
                    iterations: int = 50, synchronize: Callable[[], None] = torch.cuda.synchronize,
                    clock: Callable[[], float] = time.perf_counter, profile: Callable | None = None) -> None:
     """Where a call's time goes, added to each case of `procedure` per method (issue_us, wait_us, wall_us, gpu_us,
-    gpu_kernels, split_calls, split_rounds), on layers rebuilt by `build_case(*case)`. The procedure's loop (timed_calls: up,
-    gate, down) twice untimed, then `rounds` rounds of `iterations`, the methods in turn, the order rotated each
-    round; kept: the round of median wall, its issue and wait per call (means over its calls), so wall_us is
-    issue_us + wait_us exactly. GPU time per call (durations of the GPU operations, `profile`: the profiler,
-    no L2 flush as in the procedure) comes from one more round, profiled: beside the sum, not in it."""
+    gpu_kernels, split_calls, split_rounds), on layers rebuilt by `build_case(*case)`. The procedure's loop
+    (timed_calls: up, gate, down) twice untimed, then `rounds` rounds of `iterations`, the methods in turn, the order
+    rotated each round; kept: the round of median wall, its issue and wait per call (means over its calls), so wall_us
+    is issue_us + wait_us exactly. GPU time per call (durations of the GPU operations, `profile`: the profiler, no L2
+    flush as in the procedure) comes from one more round, profiled: beside the sum, not in it."""
     profile = profile or _profiled
     names = list(procedure)
     calls = 3 * iterations
