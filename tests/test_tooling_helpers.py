@@ -56,6 +56,7 @@ def test_versions_are_shown_without_hashes_and_kept_in_the_environment(monkeypat
     (tmp_path / "unsloth" / "kernels").mkdir(parents=True)
     nf4 = tmp_path / "unsloth" / "kernels" / "nf4.py"
     nf4.write_text("# not unsloth's\n")
+    (tmp_path / "unsloth" / "__init__.py").write_text("")  # a package, not a namespace the real one would win
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "unsloth", raising=False)  # else find_spec answers the imported one
     monkeypatch.setattr(helpers.importlib.metadata, "version", lambda package: (_ for _ in ()).throw(

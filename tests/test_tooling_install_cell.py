@@ -160,6 +160,18 @@ def test_install_cell_is_short_and_hands_the_install_to_helpers():
     assert "pip" not in source, "pip is run by helpers.install_missing, not by the cell"
 
 
+def _said(result):
+    """install_missing's line, its wrap undone: where the line is longer than MAX_LINE (a GPU with a long name),
+    what it found or kept goes on indented lines below."""
+    lines = result.stdout.splitlines()
+    said = lines[0]
+    for line in lines[1:]:
+        if not line.startswith("    "):
+            break
+        said += " " + line.strip()
+    return said
+
+
 @pytest.mark.parametrize("runtime, env", [("Colab", {"NF4_TEST_COLAB": "1"}),
                                           ("Kaggle", {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}),
                                           ("local Python", {})])
@@ -169,7 +181,7 @@ def test_install_cell_names_the_runtime_and_installs_nothing_present(tmp_path, r
     result, calls = run_install_cell(tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     v = _versions()
-    line = result.stdout.splitlines()[0]
+    line = _said(result)
     assert line == (f"{runtime} ({WHERE}): nothing to install (torch {v['torch']}, triton {v['triton']}, "
                     f"bitsandbytes {v['bitsandbytes']}" + (", unsloth 2026.10.9)" if GPU else ")")), line
     assert calls == []
@@ -186,7 +198,7 @@ def test_install_cell_installs_only_what_is_missing_and_holds_torch_and_triton(t
     assert args[0] == "install" and "--no-deps" not in args
     assert _specs(calls[0]) == ["bitsandbytes==0.50.2", "matplotlib"]  # the old bitsandbytes replaced
     assert calls[0]["constraints"] == f"torch=={v['torch']}\ntriton=={v['triton']}\n"
-    assert result.stdout.splitlines()[0] == (
+    assert _said(result) == (
         f"local Python ({WHERE}): installed bitsandbytes 0.50.2, matplotlib 1.0.test; "
         f"kept torch {v['torch']} and triton {v['triton']}")
 
@@ -198,7 +210,7 @@ def test_install_cell_installs_triton_only_where_torch_came_without_it(tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(calls) == 1 and _specs(calls[0]) == ["triton==3.6.0"]
     assert calls[0]["constraints"] == f"torch=={_versions()['torch']}\n"
-    assert "installed triton 3.6.0; kept torch " in result.stdout.splitlines()[0]
+    assert "installed triton 3.6.0; kept torch " in _said(result)
     report = json.loads(result.stdout.split("REPORT ", 1)[1])
     assert report == {"triton_at_import": False, "environment_triton": "3.6.0"}
 
@@ -361,7 +373,7 @@ def test_install_cell_names_the_version_of_a_package_without_metadata(tmp_path):
     import bitsandbytes
     result, calls = run_install_cell(tmp_path, {"bitsandbytes": "no-metadata"})
     assert result.returncode == 0, result.stderr[-3000:]
-    line = result.stdout.splitlines()[0]
+    line = _said(result)
     assert calls == [] and f"bitsandbytes {bitsandbytes.__version__}" in line and "present" not in line
 
 
