@@ -90,7 +90,18 @@ def _declined(path, error):
     # anything else is worth a warning. bitsandbytes answers either way.
     if not str(error).startswith("dequantize_nf4:"):
         warnings.warn(f"use_triton_dequantize: {path} went to bitsandbytes after the kernel failed "
-                      f"({type(error).__name__}: {error})", RuntimeWarning, stacklevel=3)
+                      f"({type(error).__name__}: {error})", RuntimeWarning, stacklevel=4)
+
+
+def _kernel_answer(path, dequantize_nf4, W, quant_state):
+    """W dequantized by the kernel and counted for `path`; None where the kernel raised."""
+    try:
+        dequantized = dequantize_nf4(W, quant_state)
+    except Exception as error:
+        _declined(path, error)
+        return None
+    PATCH_CALLS[path, "triton"] += 1
+    return dequantized
 
 
 def _dequantize_4bit_through_triton(original, dequantize_nf4):
@@ -103,12 +114,8 @@ def _dequantize_4bit_through_triton(original, dequantize_nf4):
             return original(A, quant_state, absmax, out, blocksize, quant_type)
         # Given a quant_state, bitsandbytes ignores blocksize and quant_type; so does the kernel.
         if absmax is None and out is None and _kernel_may_answer(A, quant_state):
-            try:
-                W = dequantize_nf4(A, quant_state)
-            except Exception as error:
-                _declined("dequantize_4bit", error)
-            else:
-                PATCH_CALLS["dequantize_4bit", "triton"] += 1
+            W = _kernel_answer("dequantize_4bit", dequantize_nf4, A, quant_state)
+            if W is not None:
                 return W
         PATCH_CALLS["dequantize_4bit", "bitsandbytes"] += 1
         return original(A, quant_state, absmax, out, blocksize, quant_type)
@@ -165,12 +172,8 @@ def _dequantize_linear_through_triton(original, dequantize_nf4):
                 and _is_state_of(qs, shapeB, absmax, blocksize, quant_type,
                                  absmax_8bit, absmax_code, absmax_offset)
                 and _kernel_may_answer(B, qs)):
-            try:
-                W = dequantize_nf4(B, qs)
-            except Exception as error:
-                _declined("dequantize+linear", error)
-            else:
-                PATCH_CALLS["dequantize+linear", "triton"] += 1
+            W = _kernel_answer("dequantize+linear", dequantize_nf4, B, qs)
+            if W is not None:
                 return F.linear(A, W, bias)
         PATCH_CALLS["dequantize+linear", "bitsandbytes"] += 1
         return original(A, B, shapeB, absmax, blocksize, quant_type, bias,
