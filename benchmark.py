@@ -333,11 +333,10 @@ def _summary(results: dict, source: str) -> list[str]:
     if speedups:
         speedups[0] = (f"**{report.format_ratio(helpers.round_ratios(procedure, baselines[0]))}** "
                        f"{helpers.METHODS[baselines[0]].name}")
-    gigabytes = helpers.procedure_bytes() / 1e9
+    n_bytes = helpers.procedure_bytes()
     floor = ""
     if results.get("device_copy_gbs"):
-        copy_gbs = results["device_copy_gbs"]
-        floor = f" (floor {gigabytes:.0f} GB / {copy_gbs:.0f} GB/s = {gigabytes / copy_gbs:.3f} s)"
+        floor = f" (floor {report.floor_arithmetic(n_bytes, results['device_copy_gbs'])})"
     lines.append(f"- The published procedure: ours {procedure['ours']['median_s']:.3f} s{floor}; speedup "
                  + ", ".join(speedups) + ".")
     fused = "unsloth_fused" if "unsloth_fused" in baselines else (baselines[0] if baselines else None)
@@ -351,7 +350,7 @@ def _summary(results: dict, source: str) -> list[str]:
     forecast = results.get("t4_forecast")
     if forecast and fused in forecast.get("ratios", {}):
         ratios, seconds = forecast["ratios"][fused], forecast["seconds"]["ours"]
-        t4_floor = f"{gigabytes:.0f} GB / {helpers.T4_COPY_GBS} GB/s = {gigabytes / helpers.T4_COPY_GBS:.2f} s"
+        t4_floor = report.floor_arithmetic(n_bytes, helpers.T4_COPY_GBS, 2)
         line = (f"- **On a T4, a forecast, not a measurement**: ours {min(seconds):.2f}–{max(seconds):.2f} s "
                 f"(floor {t4_floor}), "
                 f"{min(ratios):.2f}x–{max(ratios):.2f}x {helpers.METHODS[fused].prose} (a host 1–3x slower than "
@@ -390,8 +389,8 @@ def headline(source: str, where: str) -> str:
     n_bytes, copy_gbs = helpers.procedure_bytes(), results.get("device_copy_gbs")
     if copy_gbs:
         floor_s = n_bytes / 1e9 / copy_gbs
-        lines.append(f"| the procedure as a multiple of this GPU's floor ({n_bytes / 1e9:.0f} GB / {copy_gbs:.0f} "
-                     f"GB/s device copy = {floor_s:.3f} s) | "
+        floor = report.floor_arithmetic(n_bytes, copy_gbs)
+        lines.append(f"| the procedure as a multiple of this GPU's floor (its device copy: {floor}) | "
                      + " | ".join(f"{procedure[m]['median_s'] / floor_s:.2f}x" for m in methods) + " |")
     if all(_has_split(procedure[m]) for m in methods):
         means = [report.mean_split(procedure[m]["cases"]) for m in methods]
@@ -430,8 +429,9 @@ def headline(source: str, where: str) -> str:
     if not helpers.is_t4(env):
         t4_sentences.append(
             f"What a T4 should give: the procedure moves {n_bytes / 1e9:.0f} GB, so at a T4's {helpers.T4_COPY_GBS} "
-            f"GB/s ({report.T4_COPY_SOURCE}) it takes at least {n_bytes / 1e9:.0f} GB / {helpers.T4_COPY_GBS} GB/s = "
-            f"{n_bytes / 1e9 / helpers.T4_COPY_GBS:.2f} s whatever the kernel (arithmetic, not a measurement), and "
+            f"GB/s ({report.T4_COPY_SOURCE}) it takes at least "
+            f"{report.floor_arithmetic(n_bytes, helpers.T4_COPY_GBS, 2)} whatever the kernel (arithmetic, not a "
+            "measurement), and "
             f"the host time of its {calls} synchronized calls adds on top.")
     if forecast:
         t4_sentences.append(_forecast_sentence(forecast))

@@ -257,12 +257,17 @@ def format_procedure(procedure: dict) -> str:
 T4_COPY_SOURCE = "its device-to-device copy by CUDA's bandwidthTest, bytes read + written"
 
 
+def floor_arithmetic(n_bytes: int, gbs: float, digits: int = 3) -> str:
+    """'601 GB / 240 GB/s = 2.51 s' (digits=2): the least time n_bytes take at gbs, as arithmetic to check."""
+    return f"{n_bytes / 1e9:.0f} GB / {gbs:.0f} GB/s = {n_bytes / 1e9 / gbs:.{digits}f} s"
+
+
 def format_floor(procedure: dict | None, n_bytes: int, copy_gbs: float | None) -> str:
     """The procedure's floor on this GPU, `n_bytes` (helpers.procedure_bytes) over its measured copy
     bandwidth `copy_gbs` (read + written), and each method's time as a multiple of it; without a copy
     bandwidth (no GPU) only the bytes and a T4's floor (helpers.T4_COPY_GBS), by arithmetic."""
-    t4 = (f"On a T4 ({T4_COPY_GBS} GB/s, {T4_COPY_SOURCE}) the floor is {n_bytes / 1e9:.0f} GB / {T4_COPY_GBS} GB/s "
-          f"= {n_bytes / 1e9 / T4_COPY_GBS:.2f} s: arithmetic, not a measurement.")
+    t4 = (f"On a T4 ({T4_COPY_GBS} GB/s, {T4_COPY_SOURCE}) the floor is {floor_arithmetic(n_bytes, T4_COPY_GBS, 2)}: "
+          "arithmetic, not a measurement.")
     moved = (f"The procedure moves {n_bytes / 1e9:.0f} GB of DRAM traffic: each call reads n/2 packed bytes, "
              "n/64 absmax codes and an absmax2 value per 16384 weights, and writes 2n output bytes.")
     if copy_gbs is None or procedure is None:
@@ -271,8 +276,8 @@ def format_floor(procedure: dict | None, n_bytes: int, copy_gbs: float | None) -
     rows = [[column(name), f"{r['median_s']:.3f}", f"{r['median_s'] / floor_s:.2f}x"]
             for name, r in procedure.items()]
     return "\n\n".join([wrap(f"{moved} At this GPU's device-to-device copy bandwidth, {copy_gbs:.0f} GB/s (bytes "
-                              f"read + written), that takes {n_bytes / 1e9:.0f} GB / {copy_gbs:.0f} GB/s = "
-                              f"{floor_s:.3f} s whatever the kernel: the floor. The procedure synchronizes after "
+                              f"read + written), that takes {floor_arithmetic(n_bytes, copy_gbs)} whatever the "
+                              "kernel: the floor. The procedure synchronizes after "
                               f"each call, so host time adds on top. {t4}"),
                         markdown_table(["method", "seconds, median", "x the floor"], rows)])
 

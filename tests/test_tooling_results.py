@@ -108,7 +108,7 @@ def test_headline_from_gpu_time_results(tmp_path):
     assert "Score card 13 / 14; Run all took 5.0 minutes." in text
     assert "Peak GPU memory allocated: 3.67 GiB" in text
     floor_s = helpers.procedure_bytes() / 1e9 / 4000.0
-    assert (f"| the procedure as a multiple of this GPU's floor (601 GB / 4000 GB/s device copy = {floor_s:.3f} s) | "
+    assert (f"| the procedure as a multiple of this GPU's floor (its device copy: 601 GB / 4000 GB/s = {floor_s:.3f} s) | "
             + " | ".join(f"{procedure[m]['median_s'] / floor_s:.2f}x" for m in METHODS) + " |") in text
 
 
