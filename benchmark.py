@@ -56,7 +56,7 @@ def sweep(kernel, capability):
     rows, cases = [], []
     for out_features, in_features, dtype in helpers.KERNEL_SHAPES:
         layer = helpers.make_layer(out_features, in_features, dtype)
-        layout = kernel.nf4_layout(layer.weight, layer.weight.quant_state)
+        layout = kernel.validate(layer.weight, layer.weight.quant_state).layout
         reference = bnbf.dequantize_4bit(layer.weight, layer.weight.quant_state)
         cases.append((f"{out_features}x{in_features}", layout, reference, torch.empty_like(reference)))
     for config in SWEEP:
@@ -93,9 +93,9 @@ def _unchecked(plan, kernel, W, q) -> dict:
         plan.launch.into(new, gpu)
         return new
 
-    layout = kernel.nf4_layout(W, q)
+    layout = kernel.validate(W, q).layout
     capability = kernel.device_capability(out.device)
-    config = kernel.launch_config(layout, capability)
+    config = kernel.launch_config(capability)
     grid, args, constexprs, options = kernel.launch_arguments(layout, out, config, capability)
     compiled = kernel._dequantize_4bit_kernel[grid](*args, **constexprs, **options)
     constants = [constexprs[name] for name in kernel._dequantize_4bit_kernel.arg_names[len(args):]]
@@ -117,16 +117,16 @@ def _unchecked(plan, kernel, W, q) -> dict:
 
 def _slow_path_parts(kernel, W, q) -> dict:
     """The steps of a call the plans cannot take (dequantize_nf4_via_triton), each timed alone."""
-    layout = kernel.nf4_layout(W, q)
+    layout = kernel.validate(W, q).layout
     device = layout.packed.device
     capability = kernel.device_capability(device)
-    config = kernel.launch_config(layout, capability)
+    config = kernel.launch_config(capability)
     out = torch.empty(layout.shape, dtype=layout.dtype, device=device)
     grid, args, constexprs, options = kernel.launch_arguments(layout, out, config, capability)
-    return {"part: nf4_layout (validation)": lambda: kernel.nf4_layout(W, q),
+    return {"part: validate": lambda: kernel.validate(W, q).layout,
             "part: device_capability": lambda: kernel.device_capability(device),
             "part: launch_config + launch_arguments": lambda: kernel.launch_arguments(
-                layout, out, kernel.launch_config(layout, capability), capability),
+                layout, out, kernel.launch_config(capability), capability),
             "part: torch.empty": lambda: torch.empty(layout.shape, dtype=layout.dtype, device=device),
             "part: Triton's launch, kernel[grid](...)": lambda: kernel._dequantize_4bit_kernel[grid](
                 *args, **constexprs, **options)}

@@ -57,7 +57,7 @@ _KERNEL_ATTRIBUTE = "_nf4_triton_patch"
 
 
 def _kernel_may_answer(W, quant_state):
-    """Cheap checks that the kernel can give bitsandbytes' bits for this weight here (nf4_layout
+    """Cheap checks that the kernel can give bitsandbytes' bits for this weight here (validate
     checks the rest on a first call). False sends the call to bitsandbytes."""
     if quant_state is None or not isinstance(W, torch.Tensor):
         return False
@@ -81,12 +81,12 @@ def _kernel_may_answer(W, quant_state):
             return False
     else:
         return False
-    return True  # nf4_layout checks the rest
+    return True  # validate checks the rest
 
 
 def _declined(path, error):
     """A call the kernel raised on, which bitsandbytes now answers: warn unless it was expected."""
-    # nf4_layout's and device_capability's refusals start with "dequantize_nf4:" and are expected;
+    # validate's and device_capability's refusals start with "dequantize_nf4:" and are expected;
     # anything else is worth a warning. bitsandbytes answers either way.
     if not str(error).startswith("dequantize_nf4:"):
         warnings.warn(f"use_triton_dequantize: {path} went to bitsandbytes after the kernel failed "

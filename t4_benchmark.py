@@ -418,7 +418,7 @@ def measure_shape(kernel, unsloth, out_features, in_features, dtype, configs) ->
     layer = helpers.make_layer(out_features, in_features, dtype)
     W, qs = layer.weight, layer.weight.quant_state
     reference = bnbf.dequantize_4bit(W, qs)
-    layout = kernel.nf4_layout(W, qs)
+    layout = kernel.validate(W, qs).layout
     n = reference.numel()
     n_bytes = helpers.bytes_moved(n, dtype)
     copies = copies_needed(n_bytes)

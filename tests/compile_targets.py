@@ -27,7 +27,7 @@ def build(kernel, capability, dtype, config, shape=(256, 256)):
     """The kernel compiled by Triton's JIT for `capability`, as the wrapper would launch it."""
     W, qs = bnbf.quantize_4bit(torch.randn(shape), blocksize=64, quant_type="nf4", compress_statistics=True)
     qs.dtype = dtype
-    layout = kernel.nf4_layout(W, qs)
+    layout = kernel.validate(W, qs).layout
     out = torch.empty(layout.shape, dtype=dtype)
     grid, args, constexprs, options = kernel.launch_arguments(layout, out, config, divmod(capability, 10))
     return kernel._dequantize_4bit_kernel[grid](*args, **constexprs, **options)
@@ -46,8 +46,7 @@ def ptxas_report(ptx, capability):
 def configs_for(kernel, capability):
     if divmod(capability, 10) == kernel.MIN_CAPABILITY:
         return [kernel.DEFAULT_CONFIG]
-    measured = kernel.LAUNCH_CONFIGS.get(divmod(capability, 10))
-    return [config for _, config in measured] if measured else [kernel.DEFAULT_CONFIG]
+    return [kernel.LAUNCH_CONFIGS.get(divmod(capability, 10), kernel.DEFAULT_CONFIG)]
 
 
 def main():

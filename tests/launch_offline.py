@@ -9,9 +9,12 @@ differently (addresses off 16 bytes, sizes, dtypes, an fp64 offset): the key mus
 pair that Triton compiles apart, and each plan must pass exactly what Triton passes for its weight.
 The stand-in's "kernel" writes a digest of every argument but the output, so equal bits mean equal
 arguments. Prints one JSON line. Run in its own process."""
+import copy
 import json
 import os
 import sys
+import types
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -52,12 +55,14 @@ class Launch:
 
     def __init__(self, kernel, W, q):
         self.kernel, self.W, self.q = kernel, W, q
-        self.layout = kernel.nf4_layout(W, q)
+        self.validated = kernel.validate(W, q)
+        self.layout = self.validated.layout
         self.out = torch.empty(self.layout.shape, dtype=self.layout.dtype)
-        self.config = kernel.launch_config(self.layout, CAPABILITY)
+        self.config = kernel.launch_config(CAPABILITY)
         self.grid, self.args, self.constexprs, self.options = kernel.launch_arguments(
             self.layout, self.out, self.config, CAPABILITY)
-        self.key = kernel.template_key(self.layout, self.config, CAPABILITY, [a.data_ptr() for a in self.args[:6]])
+        tensors = [a.data_ptr() for a in self.args if isinstance(a, torch.Tensor)]  # the inputs, then out
+        self.key = kernel.template_key(self.layout, self.config, CAPABILITY, tensors)
 
     def triton(self):
         """Triton's own launch into self.out: its compiled kernel, and the bits it "wrote"."""
@@ -71,7 +76,7 @@ class Launch:
         return self.kernel._dequantize_4bit_kernel[self.grid](*self.args, **self.constexprs, **self.options)
 
     def by_plan(self):
-        self.kernel.launch_by_plan(self.W, self.q, self.layout, self.out, self.config, CAPABILITY)
+        self.kernel.launch_by_plan(self.W, self.q, self.validated, self.out, self.config, CAPABILITY)
 
 
 def case(kernel, nested, dtype):
@@ -176,6 +181,125 @@ def converted_offset_first(kernel):
             "other_weight_fast": kernel._identity(q2) in kernel._plans}
 
 
+def _calls(kernel, W, q, fake, times=2):
+    """dequantize_nf4(W, q) `times` times: per call, its output's bits and the C launches it made
+    (Triton's launch makes one, a replay one), and the warnings all the calls gave."""
+    results = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(times):
+            calls = fake.calls
+            out = kernel.dequantize_nf4(W, q)
+            results.append((bits(out), fake.calls - calls))
+    return results, [str(warning.message) for warning in caught]
+
+
+def _namespace(q):
+    """q's fields on SimpleNamespaces (q's state2 too): a quant state without weak references."""
+    fields = {name: getattr(q, name) for name in ("absmax", "code", "quant_type", "offset", "dtype",
+                                                   "shape", "blocksize")}
+    state2 = q.state2 and types.SimpleNamespace(absmax=q.state2.absmax, code=q.state2.code,
+                                                blocksize=q.state2.blocksize, dtype=q.state2.dtype)
+    return types.SimpleNamespace(state2=state2, **fields)
+
+
+def other_quant_states(kernel):
+    """Quant states people pass that are not a QuantState with a QuantState's state2: each call gives
+    Triton's bits for the equivalent QuantState, with no plan kept (nothing to watch them by), a
+    later call one launch (the template's replay). bitsandbytes' list format (before 0.41.2), with
+    state2 an object or a list, or a plain absmax: refused, the message naming the format."""
+    W, q = weight(shape=(48, 128), seed=30)
+    triton_bits = Launch(kernel, W, q).triton()[1]
+    fake = offline_gpu.fake_launch_of(Launch(kernel, W, q).launch())
+    with_namespace_state2 = copy.copy(q)
+    with_namespace_state2.state2 = _namespace(q).state2
+    report = {}
+    for name, form in {"SimpleNamespace": _namespace(q),
+                       "QuantState, state2 a SimpleNamespace": with_namespace_state2}.items():
+        results, caught = _calls(kernel, W, form, fake)
+        report[name] = {"matches_triton": all(torch.equal(b, triton_bits) for b, _ in results),
+                        "later_call_launches": results[-1][1], "warnings": caught,
+                        "plan": kernel._identity(form) in kernel._plans}
+    state2 = q.state2
+    lists = {"list, state2 an object": [q.absmax, q.shape, q.dtype, q.blocksize, [q.offset, state2], q.quant_type,
+                                        q.code],
+             "list, state2 a list": [q.absmax, q.shape, q.dtype, q.blocksize,
+                                     [q.offset, [state2.absmax, state2.code, state2.blocksize]], q.quant_type, q.code],
+             "list, plain absmax": [q.absmax, q.shape, q.dtype, q.blocksize, None, q.quant_type, q.code]}
+    for name, form in lists.items():
+        try:
+            kernel.dequantize_nf4(W, form)
+            report[name] = "no error"
+        except TypeError as error:
+            report[name] = str(error)
+    return report
+
+
+def _raising(error):
+    def c_launch(*arguments):
+        raise error
+    return c_launch
+
+
+def replay_raises(kernel):
+    """A plan's C launch raises (as a Triton whose launcher takes other arguments would): that call gets
+    Triton's bits by Triton's launch with one warning naming the error, later calls of that kind
+    (its other weight too) are Triton's with no warning, another kind still replays. Then a new kind
+    whose recorded replay raises in its check, and a sticky error that Triton's launch raises too."""
+    stale = TypeError("function takes exactly 18 arguments (17 given)")
+    A, B, C = (weight(shape=shape, seed=seed) for shape, seed in (((56, 128), 40), ((56, 128), 41),
+                                                                  ((40, 128), 42)))
+    report = {}
+    for name, (W, q) in zip("ABC", (A, B, C)):
+        launch = Launch(kernel, W, q)
+        fake = offline_gpu.fake_launch_of(launch.triton()[0])
+        results, caught = _calls(kernel, W, q, fake)  # a plan made, then replayed
+        report[name] = {"key": repr(launch.key), "planned": kernel._identity(q) in kernel._plans}
+        if name == "A":  # the kind's C launch breaks: A's plan, and the template B's plan came from
+            plan = kernel._plans[kernel._identity(q)]
+            plan.launch = plan.launch._replace(c_launch=_raising(stale))
+            triton_bits = launch.triton()[1]
+        if name == "B":
+            results, caught = _calls(kernel, *A, fake)
+            report["A"].update(matches_triton=all(torch.equal(b, triton_bits) for b, _ in results),
+                               launches=[n for _, n in results], warnings=caught,
+                               planned_after=kernel._identity(A[1]) in kernel._plans)
+            b_bits = launch.triton()[1]
+            results, caught = _calls(kernel, W, q, fake)
+            report["B"].update(matches_triton=all(torch.equal(b, b_bits) for b, _ in results),
+                               warnings=caught, planned_after=kernel._identity(q) in kernel._plans)
+    report["same_key"] = report["A"]["key"] == report["B"]["key"] != report["C"]["key"]
+    c_results, caught = _calls(kernel, *C, fake)
+    report["C"].update(launches=[n for _, n in c_results], warnings=caught,
+                       planned_after=kernel._identity(C[1]) in kernel._plans)
+
+    D = weight(shape=(24, 128), seed=43)  # a new kind: its template's check replay raises
+    launch = Launch(kernel, *D)
+    triton_bits = launch.triton()[1]
+    record_launch = kernel.record_launch
+    kernel.record_launch = lambda *args: record_launch(*args)._replace(c_launch=_raising(stale))
+    try:
+        results, caught = _calls(kernel, *D, fake)
+    finally:
+        kernel.record_launch = record_launch
+    report["D"] = {"matches_triton": all(torch.equal(b, triton_bits) for b, _ in results), "warnings": caught,
+                   "template": kernel._templates.get(launch.key) is not None,
+                   "planned": kernel._identity(D[1]) in kernel._plans}
+
+    E = weight(shape=(72, 128), seed=44)  # planned, then the GPU fails: Triton's launch raises too
+    fake = offline_gpu.fake_launch_of(Launch(kernel, *E).triton()[0])
+    _calls(kernel, *E, fake)
+    fake.error = RuntimeError("CUDA error: an illegal memory access was encountered")
+    try:
+        kernel.dequantize_nf4(*E)
+        report["E"] = "no error"
+    except RuntimeError as error:
+        report["E"] = str(error)
+    finally:
+        fake.error = None
+    return report
+
+
 SWEEP = {  # weights Triton may specialize apart
     "aligned": {},
     "W off by 1 byte": {"shift": ("W", 1)},
@@ -219,7 +343,8 @@ def main():
     report = {"triton": offline_gpu.triton.__version__,
               "nested": case(kernel, True, torch.bfloat16), "plain": case(kernel, False, torch.float32),
               "with_launch_hook": hook_before(kernel), "converted_offset_first": converted_offset_first(kernel),
-              "sweep": sweep(kernel)}
+              "sweep": sweep(kernel), "other_quant_states": other_quant_states(kernel),
+              "replay_raises": replay_raises(kernel)}
     print(json.dumps(report))
 
 

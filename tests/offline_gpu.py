@@ -76,11 +76,12 @@ def _reaching_the_gpu(value):
 
 
 class FakeLaunch:
-    """Stands in for a C launch function."""
+    """Stands in for a C launch function: raises TypeError where the real one's PyArg_ParseTuple
+    would, and `error` (when set: a sticky CUDA error, say) on every call."""
     made = []  # every one made
 
     def __init__(self, fmt):
-        self.fmt, self.calls, self.problems = fmt, 0, []
+        self.fmt, self.calls, self.problems, self.error = fmt, 0, [], None
         self.output = None  # (the tensor launches write, where it sits in the call once found)
         FakeLaunch.made.append(self)
 
@@ -89,7 +90,12 @@ class FakeLaunch:
 
     def __call__(self, *args):
         self.calls += 1
-        self.problems += parse_problems(self.fmt, args)
+        if self.error is not None:
+            raise self.error
+        problems = parse_problems(self.fmt, args)
+        self.problems += problems
+        if problems:
+            raise TypeError(f"the launch's arguments do not parse: {problems[0]}")
         if self.output is None:
             return
         tensor, path = self.output

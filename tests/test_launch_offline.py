@@ -2,7 +2,10 @@
 plan replays exactly what Triton passes, in the format Triton's C launcher parses; a template recorded
 from one weight gives another weight of its key exactly Triton's arguments for that weight, with no
 launch by Triton; the key tells apart every pair of weights that Triton compiles apart; and the path
-steps aside whenever a launch hook is set, before or after its first call."""
+steps aside whenever a launch hook is set, before or after its first call; a quant state no weak
+reference can watch (a SimpleNamespace) gets Triton's bits, bitsandbytes' old list format an error naming
+it; a replay whose C launch raises gives way to Triton's launch, for good for its kind, and an error
+Triton raises too reaches the caller."""
 import json
 import subprocess
 import sys
@@ -83,3 +86,42 @@ def test_every_plan_in_the_sweep_passes_what_triton_passes(report):
     assert all(row["fast_matches_triton"] for row in rows.values() if row["fast"])
     # only the converted fp64 offset (a temporary tensor, this call's alone) has no plan
     assert [name for name, row in rows.items() if not row["fast"]] == ["fp64 offset"]
+
+
+@pytest.mark.parametrize("form", ["SimpleNamespace", "QuantState, state2 a SimpleNamespace"])
+def test_a_quant_state_without_weak_references_gets_tritons_bits(report, form):
+    # nothing can watch it, so no plan: each call is validated, then launched (a later call by the
+    # kind's template, one C launch), and nothing is raised or warned
+    case = report["other_quant_states"][form]
+    assert case == {"matches_triton": True, "later_call_launches": 1, "warnings": [], "plan": False}
+
+
+@pytest.mark.parametrize("form", ["list, state2 an object", "list, state2 a list", "list, plain absmax"])
+def test_bitsandbytes_list_format_is_refused_naming_it_and_what_to_pass(report, form):
+    message = report["other_quant_states"][form]
+    assert message.startswith("dequantize_nf4: quant_state is a list, bitsandbytes' format before 0.41.2")
+    assert "[absmax, shape, dtype, blocksize, [offset, state2], quant_type, code]" in message
+    assert "pass a QuantState" in message
+
+
+def test_a_replay_that_raises_gives_way_to_triton_for_its_kind(report):
+    case = report["replay_raises"]
+    assert case["same_key"]  # A and B are one kind, C another
+    assert case["A"]["planned"] and case["B"]["planned"] and case["C"]["planned"]
+    a = case["A"]
+    assert a["matches_triton"] and a["launches"] == [1, 1] and not a["planned_after"]
+    assert a["warnings"] == ["dequantize_nf4: a replayed launch raised TypeError: function takes exactly 18 "
+                             "arguments (17 given); this kind of weight now launches through Triton"]
+    assert case["B"]["matches_triton"] and case["B"]["warnings"] == [] and not case["B"]["planned_after"]
+    # nothing else changes: the other kind still replays, its plan kept
+    assert case["C"]["launches"] == [1, 1] and case["C"]["warnings"] == [] and case["C"]["planned_after"]
+
+
+def test_a_template_whose_check_replay_raises_is_not_kept(report):
+    case = report["replay_raises"]["D"]
+    assert case["matches_triton"] and len(case["warnings"]) == 1
+    assert not case["template"] and not case["planned"]
+
+
+def test_an_error_tritons_launch_raises_too_reaches_the_caller(report):
+    assert report["replay_raises"]["E"] == "CUDA error: an illegal memory access was encountered"

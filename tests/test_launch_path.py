@@ -7,7 +7,11 @@ import copy
 import gc
 import io
 import pickle
+import subprocess
+import sys
 import threading
+import types
+import warnings
 
 import pytest
 import torch
@@ -371,3 +375,103 @@ def test_a_field_emptied_after_its_tensor_died_is_not_replayed(kernel):
     assert _fast(kernel, W, qs) is None
     with pytest.raises(ValueError, match=r"quant_state\.state2\.absmax is missing"):
         kernel.triton_dequantize_nf4(layer)
+
+
+def _other_forms(qs):
+    """The quant state's fields in forms people pass besides a QuantState: a SimpleNamespace (its
+    state2 too), and a QuantState whose state2 is a SimpleNamespace."""
+    state2 = types.SimpleNamespace(absmax=qs.state2.absmax, code=qs.state2.code, blocksize=qs.state2.blocksize,
+                                   dtype=qs.state2.dtype)
+    fields = {name: getattr(qs, name) for name in ("absmax", "code", "quant_type", "offset", "dtype", "shape",
+                                                   "blocksize")}
+    with_namespace_state2 = copy.copy(qs)
+    with_namespace_state2.state2 = state2
+    return {"SimpleNamespace": types.SimpleNamespace(state2=state2, **fields),
+            "state2 a SimpleNamespace": with_namespace_state2}
+
+
+@pytest.mark.parametrize("form", ["SimpleNamespace", "state2 a SimpleNamespace"])
+def test_a_quant_state_that_is_not_a_quantstate_gets_bitsandbytes_bits(kernel, form):
+    # unsloth's launcher dequantizes these; ours must too, on every call, and raise nothing
+    layer = _layer(seed=40)
+    W, qs = layer.weight, layer.weight.quant_state
+    other = _other_forms(qs)[form]
+    for _ in range(3):
+        _assert_bnb(kernel.dequantize_nf4(W, other), W, qs)
+    assert kernel._identity(other) not in kernel._plans  # no weak reference can watch it: no plan
+
+
+@pytest.mark.parametrize("state2", ["object", "list", "none"])
+def test_bitsandbytes_list_format_is_refused_naming_it(kernel, state2):
+    # [absmax, shape, dtype, blocksize, [offset, state2] or None, quant_type, code], as bitsandbytes
+    # before 0.41.2 kept it (unsloth's _unpack_quant_state still reads it)
+    layer = _layer(seed=42)
+    qs = layer.weight.quant_state
+    stats = {"object": [qs.offset, qs.state2], "none": None,
+             "list": [qs.offset, [qs.state2.absmax, qs.state2.code, qs.state2.blocksize]]}[state2]
+    listed = [qs.absmax, qs.shape, qs.dtype, qs.blocksize, stats, qs.quant_type, qs.code]
+    with pytest.raises(TypeError, match=r"dequantize_nf4: quant_state is a list, bitsandbytes' format before "
+                                        r"0\.41\.2 \(\[absmax, shape, .*\]\): pass a QuantState"):
+        kernel.dequantize_nf4(layer.weight, listed)
+
+
+@pytest.mark.gpu  # (the interpreter makes no plans)
+def test_a_replay_that_raises_gives_way_to_tritons_launch_for_its_kind(kernel):
+    # as a Triton whose C launch takes other arguments would: that call and the kind's later calls are
+    # Triton's, bit for bit, one warning names the error; another kind replays on
+    broken, same_kind, other_kind = _layer((80, 320), seed=43), _layer((80, 320), seed=44), _layer((72, 320), seed=45)
+    for layer in (broken, same_kind, other_kind):
+        for _ in range(2):
+            kernel.triton_dequantize_nf4(layer)
+        assert _fast(kernel, layer.weight, layer.weight.quant_state) is not None
+
+    def stale_launch(*arguments):
+        raise TypeError("function takes exactly 18 arguments (17 given)")
+
+    plan = kernel._plans[kernel._identity(broken.weight.quant_state)]
+    plan.launch = plan.launch._replace(c_launch=stale_launch)
+    with pytest.warns(RuntimeWarning, match="a replayed launch raised TypeError: function takes exactly 18"):
+        _assert_bnb(kernel.triton_dequantize_nf4(broken), broken.weight, broken.weight.quant_state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        for layer in (broken, same_kind, other_kind):
+            _assert_bnb(kernel.triton_dequantize_nf4(layer), layer.weight, layer.weight.quant_state)
+    assert _fast(kernel, broken.weight, broken.weight.quant_state) is None
+    assert _fast(kernel, same_kind.weight, same_kind.weight.quant_state) is None
+    assert _fast(kernel, other_kind.weight, other_kind.weight.quant_state) is not None
+
+
+STICKY_ERROR = """
+import sys, torch
+sys.path[:0] = [{root!r}, {tests!r}]
+import helpers
+from kernel_cells import load_kernel_cells
+kernel = load_kernel_cells()
+layer = helpers.make_layer(256, 512, torch.bfloat16)
+for _ in range(2):
+    kernel.triton_dequantize_nf4(layer)
+assert kernel._identity(layer.weight.quant_state) in kernel._plans
+torch.zeros(4, device="cuda")[torch.tensor([64], device="cuda")] = 1.0  # a device-side assert: sticky
+try:
+    torch.cuda.synchronize()
+    print("NOT STICKY")
+except RuntimeError as error:
+    print("STICKY", str(error).splitlines()[0])
+try:
+    out = kernel.triton_dequantize_nf4(layer)
+    torch.cuda.synchronize()
+    print("RETURNED", out.shape)
+except Exception as error:
+    print("RAISED", type(error).__name__, str(error).splitlines()[0])
+"""
+
+
+@pytest.mark.gpu
+def test_a_sticky_cuda_error_reaches_the_caller(tmp_path):
+    # once the GPU has failed, a replay raises and so does Triton's launch: the caller sees the error
+    script = tmp_path / "sticky.py"
+    script.write_text(STICKY_ERROR.format(root=str(helpers.ROOT), tests=str(helpers.ROOT / "tests")))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    print(result.stdout[-2000:], result.stderr[-2000:])
+    assert "STICKY" in result.stdout and "NOT STICKY" not in result.stdout, result.stdout + result.stderr[-3000:]
+    assert "RAISED" in result.stdout, result.stdout + result.stderr[-3000:]

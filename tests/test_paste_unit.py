@@ -18,7 +18,7 @@ from conftest import ROOT
 from kernel_cells import NOTEBOOK, PASTE_UNIT, kernel_cell_sources
 
 # How the paste unit must read (people paste and maintain it): plain code, in numbers
-PASTE_UNIT_LINES = 600  # the kernel, its wrapper and its launch path, comments included
+PASTE_UNIT_LINES = 660  # the kernel, its wrapper and its launch path, comments included
 MEAN_CODE_LINE = 60     # characters, over lines that are neither blank nor a comment
 MAX_LAMBDAS = 2
 MAX_SHORT_NAMES = 4     # names of one or two characters, beyond these:
@@ -104,6 +104,29 @@ def test_the_paste_unit_reads_plainly_and_generates_no_code():
     notebook_cells = json.loads(NOTEBOOK.read_text())["cells"]
     tags = {tag for c in notebook_cells for tag in c.get("metadata", {}).get("tags", [])}
     assert "fast-launch" not in tags, "a launch-path cell outside the paste unit"
+
+
+def test_the_launch_path_opens_with_a_header_naming_every_private_api_it_uses():
+    # what the cell does, what a replay checks, what happens when a check fails, and the private APIs
+    # (every torch._C name any cell uses, Triton's run.launch), as unsloth's triton_launch.py opens
+    cells = kernel_cell_sources(NOTEBOOK, PASTE_UNIT)
+    launch_path = cells[-1].splitlines()
+    header = []
+    for line in launch_path[1:]:  # after the title
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    assert len(header) >= 6, f"the launch path's header is {len(header)} comment lines"
+    text = " ".join(line.lstrip("# ") for line in header)
+    for topic in ("Plan.still_valid checks", "NF4_FAST_LAUNCH=0", "a replay that raises", "Private APIs"):
+        assert topic.lower() in text.lower(), topic
+    source = "\n".join(cells)
+    used = {"run.launch"}
+    used |= set(re.findall(r"torch\._C\.(\w+)", source))  # torch._C.name
+    used |= set(re.findall(r"getattr\(torch\._C, \"(\w+)\"", source))  # getattr(torch._C, "name", None)
+    assert used >= {"_data_address", "_cuda_getCurrentRawStream", "_cuda_getDevice", "DisableTorchFunctionSubclass"}
+    missing = sorted(name for name in used if name not in text)
+    assert not missing, f"private APIs the cells use that the header does not name: {missing}"
 
 
 @pytest.mark.parametrize("missing", [0, 1], ids=["the kernel cell", "the wrapper cell"])

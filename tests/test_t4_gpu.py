@@ -42,9 +42,8 @@ T4 = t4.T4
 def t4_configs(kernel):
     """What a T4 can run: every T4_CANDIDATES entry, and whatever LAUNCH_CONFIGS holds for (7, 5)."""
     configs = t4.t4_configs(kernel)
-    for _, config in kernel.LAUNCH_CONFIGS.get(T4, ()):
-        if config not in configs:
-            configs.append(config)
+    if T4 in kernel.LAUNCH_CONFIGS and kernel.LAUNCH_CONFIGS[T4] not in configs:
+        configs.append(kernel.LAUNCH_CONFIGS[T4])
     return configs
 
 
@@ -119,12 +118,12 @@ CASES = {
 }
 
 
-def _reference(layout, W, qs):
+def _reference(validated, W, qs):
     import bitsandbytes.functional as bnbf
     reference = bnbf.dequantize_4bit(W, qs)
-    if layout.transposed:
+    if validated.transposed:
         reference = reference.t()
-    assert reference.shape == layout.shape
+    assert reference.shape == validated.layout.shape
     return reference
 
 
@@ -140,8 +139,8 @@ def _otherbits(out, reference):
 @pytest.mark.parametrize("case", list(CASES))
 def test_sm75_build_matches_bitsandbytes_on_silicon(kernel, case):
     W, qs = CASES[case]()
-    layout = kernel.nf4_layout(W, qs)
-    reference = _reference(layout, W, qs)
+    validated = kernel.validate(W, qs)
+    layout, reference = validated.layout, _reference(validated, W, qs)
     for config in t4_configs(kernel):
         out75, out_jit, facts = sm75_run(kernel, layout, config)
         assert torch.equal(bits(out75), bits(out_jit)), f"{case} {config}: the sm_75 and sm_xx builds differ"
@@ -229,7 +228,7 @@ def _special_configs(kernel):
     # lookup among the T4's, and the T4's LAUNCH_CONFIGS entry
     configs, lookups = [], set()
     for config in t4_configs(kernel):
-        if config.lookup not in lookups or config in [c for _, c in kernel.LAUNCH_CONFIGS.get(T4, ())]:
+        if config.lookup not in lookups or config == kernel.LAUNCH_CONFIGS.get(T4):
             configs.append(config)
             lookups.add(config.lookup)
     return configs
@@ -238,8 +237,8 @@ def _special_configs(kernel):
 def _comparebits(kernel, W, qs, label, allowed=None):
     """Per configuration (config, values whose bits differ from bitsandbytes' in the sm_75 build,
     in the JIT build); `allowed(out, reference)` marks differences not to count."""
-    layout = kernel.nf4_layout(W, qs)
-    reference = _reference(layout, W, qs)
+    validated = kernel.validate(W, qs)
+    layout, reference = validated.layout, _reference(validated, W, qs)
     print(f"{label}: bitsandbytes gives {_describe_values(reference)}")
     results = []
     for config in _special_configs(kernel):
@@ -307,12 +306,8 @@ def as_capability(kernel, monkeypatch):
 
 
 def _expected_t4_config(kernel, n):
-    """The LAUNCH_CONFIGS[(7, 5)] entry for n weights, by the table's rule (up to `limit` weights,
-    None: any), or None when the table has no T4 entry."""
-    for limit, config in kernel.LAUNCH_CONFIGS.get(T4, ()):
-        if limit is None or n <= limit:
-            return config
-    return None
+    """The LAUNCH_CONFIGS[(7, 5)] entry (one for every size), or None when the table has none."""
+    return kernel.LAUNCH_CONFIGS.get(T4)
 
 
 def _kernel_launches(work):

@@ -145,13 +145,8 @@ def test_committed_results_come_from_the_current_sm75_code(report):
 
 
 def test_the_t4_entry_is_a_timed_candidate(kernel):
-    """LAUNCH_CONFIGS[(7, 5)] covers every size and uses only T4_CANDIDATES: configurations whose sm_75
-    build t4_benchmark.py times and checks bit for bit, and this analysis counts."""
+    """LAUNCH_CONFIGS[(7, 5)] is one of T4_CANDIDATES: a configuration whose sm_75 build t4_benchmark.py
+    times and checks bit for bit, and this analysis counts."""
     entry = kernel.LAUNCH_CONFIGS.get(t4_benchmark.T4)
     assert entry, "LAUNCH_CONFIGS has no (7, 5) entry (python t4_benchmark.py --recommend proposes one)"
-    assert entry[-1][0] is None, "the T4 entry does not cover every size (its last limit must be None)"
-    limits = [limit for limit, _ in entry[:-1]]
-    assert limits == sorted(limits), limits
-    candidates = t4_benchmark.t4_configs(kernel)
-    for _, config in entry:
-        assert config in candidates, f"{config} is not in T4_CANDIDATES"
+    assert entry in t4_benchmark.t4_configs(kernel), f"{entry} is not in T4_CANDIDATES"
