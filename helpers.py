@@ -1,46 +1,40 @@
-"""How the NF4 notebook's numbers are made, in its order; report.py (fetched beside it) shows them. Nothing
-here imports the kernel: functions take the callables they run (tests/kernel_cells.py loads the kernel cells).
+"""How the NF4 notebook sets up what it measures, in its order; timing.py (fetched beside it) times it and
+report.py shows it. Nothing here imports the kernel: functions take the callables they run
+(benchmarks/cells.py loads the kernel cells for the commands and tests).
 
   0. Installing what is missing    PACKAGES, UNSLOTH, install_missing (the first cell's; triton only with a GPU)
-  1. Environment and device facts  wrap, environment, versions_line, short_dtype, bytes_moved
+  1. Environment and device facts  wrap, environment, paste_unit_sha256, is_t4, short_dtype, bytes_moved
   2. The test procedure            METHODS, OURS, BASELINES, SAME_KERNELS, PROCEDURE_CASES, KERNEL_SHAPES,
                                    make_layer, exactness, dequantizers, check_baselines, usable, MLP,
                                    call_bytes, procedure_bytes, procedure_result, round_ratios (the procedure
                                    itself is the notebook's cell tagged `procedure`)
-  3. GPU and host timing           gpu_time, host_time, l2_flush, kernel_table, device_copy_gbs, cpu_cost_table,
-                                   timed_calls, add_call_split (a call's wall = issue + wait, GPU time beside)
-  4. A T4: forecast, emulation     T4_COPY_GBS, t4_forecast, forecast_seconds, is_t4, emulate_t4, PaddedToT4
-  5. torch.compile                 compile_report, compile_claim
-  6. Result files                  results_dir, write_results, shown_path
+  3. torch.compile                 compile_report, compile_claim
+  4. Result files                  results_dir, write_results, shown_path, pack_run
 
-Every number names its clock (MEASUREMENT): GPU time, the GPU's own kernel durations (host time cannot leak
-in as into CUDA events around a Python call); host time; the procedure's wall clock, and its split per call.
-The GPU is the current one; `l2_flush()` keeps a flush buffer per device; anything else global a function
-changes is restored.
+Anything global a function changes is restored.
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import datetime
-import functools
 import hashlib
 import importlib.metadata
 import importlib.util
-import itertools
+import linecache
 import json
 import logging
 import os
 import platform
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 import types
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Sequence
 
@@ -51,18 +45,18 @@ except ModuleNotFoundError as error:
         raise
     raise RuntimeError("torch is not installed: install PyTorch for this machine "
                        "(https://pytorch.org/get-started/locally/), then run this cell again.") from None
-# triton only with a GPU, for the GPU's kernels here: without one the notebook turns on Triton's interpreter after
-# this import, and triton.language imported before that keeps tl.interleave and the like out of the interpreter
+# triton only with a GPU (environment() reads its driver): without one the notebook turns on Triton's interpreter
+# after this import, and triton.language imported before that keeps tl.interleave and the like out of it
 triton = None
 if torch.cuda.is_available():
     try:
         import triton
-        import triton.language as tl
     except ModuleNotFoundError as error:  # a torch without triton, until install_missing installs it
         if error.name != "triton":
             raise
 
 ROOT = Path(__file__).resolve().parent
+NOTEBOOK_NAME = "Unsloth_Puzzles_NF4.ipynb"
 MAX_LINE = 120  # Colab wraps longer lines: no printed line or table row is longer
 # A word that opens a Markdown block at a line's start: '>', a list item, '#', a setext underline, a fence
 _BLOCK_MARKER = re.compile(r">.*|[-+*]|#{1,6}|\d{1,9}[.)]|=+|-+|[`~]{3}.*")
@@ -198,8 +192,10 @@ def _unsloth_nf4_sha256() -> str | None:
     return hashlib.sha256(nf4.read_bytes()).hexdigest() if nf4 and nf4.is_file() else None
 
 
-def environment() -> dict:
-    """The current GPU's facts and the library versions: printed, in every plot's subtitle and result file."""
+def environment(cells: dict | None = None) -> dict:
+    """The current GPU's facts and the library versions: printed, in every plot's subtitle and result file; with
+    `cells` (the kernel cells' namespace: the notebook's globals(), or vars() of the module benchmarks/cells.py
+    loads) the hash of the cells that ran (paste_unit_sha256)."""
     facts = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
              "python": platform.python_version(), "torch": torch.__version__, "triton": _version("triton"),
              "bitsandbytes": _version("bitsandbytes"), "unsloth": _version("unsloth"),
@@ -220,7 +216,24 @@ def environment() -> dict:
                                              capture_output=True, text=True, timeout=20).stdout.split()[0]
         except (OSError, IndexError, subprocess.SubprocessError):
             facts["driver"] = "unknown"
+    if cells is not None:
+        facts["paste_unit_sha256"] = paste_unit_sha256(cells)
     return facts
+
+
+def paste_unit_sha256(cells: dict) -> str:
+    """The sha256 of the kernel cells that ran, as they ran: the source files that define their kernel, wrapper
+    and launch path (in a notebook each cell is a file of its own in linecache; loaded as a module, one file),
+    joined by a blank line as the notebook's cells are hashed (benchmarks/cells.py)."""
+    entry_points = (cells["_dequantize_4bit_kernel"].fn, cells["dequantize_nf4_via_triton"], cells["dequantize_nf4"])
+    files = list(dict.fromkeys(function.__code__.co_filename for function in entry_points))
+    sources = ["".join(linecache.getlines(name)).rstrip("\n") for name in files]
+    return hashlib.sha256("\n\n".join(sources).encode()).hexdigest()
+
+
+def is_t4(env: dict) -> bool:
+    """Whether `env` (environment()) is a T4's: compute capability 7.5 or 'T4' in the GPU's name."""
+    return env.get("capability") == "7.5" or "T4" in str(env.get("gpu"))
 
 
 def versions_line(env: dict, date: bool = True) -> str:
@@ -290,17 +303,6 @@ def column(name: str) -> str:
 
 def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
-
-
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype):
-    """torch's default dtype set to `dtype` inside the block, the previous one restored after."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 @contextlib.contextmanager
@@ -393,11 +395,14 @@ def import_unsloth_kernels():
                 del sys.modules[name]
 
 
-def dequantizers(ours: Callable) -> tuple[dict[str, Callable], dict[str, str]]:
-    """(methods, skipped): each NF4 dequantization this machine can run (`ours`, unsloth fused and classic,
-    bnb dequantize_4bit), and {name: reason} for each baseline it cannot (skipped, never raised)."""
+def dequantizers(ours: Callable, ours_via_triton: Callable | None = None) -> tuple[dict[str, Callable], dict[str, str]]:
+    """(methods, skipped): each NF4 dequantization this machine can run (`ours`, a layer's; `ours_via_triton`,
+    W's and its QuantState's: the kernel cells' own launch through Triton; unsloth fused and classic, bnb
+    dequantize_4bit), and {name: reason} for each baseline it cannot (skipped, never raised)."""
     import bitsandbytes.functional as bnbf
     methods, skipped = {"ours": ours}, {}
+    if ours_via_triton is not None:  # called as the baselines are
+        methods["ours_via_triton"] = lambda layer: ours_via_triton(layer.weight, layer.weight.quant_state)
     utils, reason = None, "needs a CUDA GPU"
     if torch.cuda.is_available():
         try:
@@ -484,435 +489,30 @@ def procedure_result(seconds: dict[str, list[list[float]]], iterations: int, sca
         cases = []
         for (bsz, qlen, hd, m, _, dtype), rounds in zip(PROCEDURE_CASES, per_case):
             hd, m, qlen = hd // scale, m // scale, qlen // scale
-            median = _quantile(rounds, 0.5)
+            median = quantile(rounds, 0.5)
             cases.append({"case": f"{bsz}x{qlen}, {hd}->{m}", "weight": f"{m}x{hd}", "dtype": dtype_name(dtype),
                           "calls": 3 * iterations, "median_s": median,
                           "procedure_us": median / (3 * iterations) * 1e6})
-        results[name] = {"median_s": _quantile(runs, 0.5), "min_s": min(runs), "max_s": max(runs), "runs_s": runs,
+        results[name] = {"median_s": quantile(runs, 0.5), "min_s": min(runs), "max_s": max(runs), "runs_s": runs,
                          "cases": cases}
     return results
 
 
-def round_ratios(procedure: dict, baseline: str, ours: str = "ours") -> dict:
-    """The puzzle's speedup, baseline time / ours, per round: the median over the rounds, min, max."""
-    ratios = [b / o for b, o in zip(procedure[baseline]["runs_s"], procedure[ours]["runs_s"])]
-    return {"median": _quantile(ratios, 0.5), "min": min(ratios), "max": max(ratios), "rounds": len(ratios)}
-
-
-# 3. GPU and host timing -----------------------------------------------------------------------
-GPU_TIME_METHOD = ("GPU time: summed durations of every kernel, copy and memset one call launches "
-                   "(CUPTI via torch.profiler), L2 flushed before each call")
-HOST_TIME_METHOD = "host time: perf_counter around one call issued with the GPU idle (synchronized before, untimed)"
-CALL_SPLIT_METHOD = ("a call of the procedure's loop timed by perf_counter in two parts, issue (the call to its "
-                     "return, .t() included) and wait (inside torch.cuda.synchronize()): wall = issue + wait")
-LAUNCH_REFERENCE_METHOD = (  # result files key it "floor", their older name for it: it is no lower bound
-    "torch.empty of the output plus one launch of a trivial compiled Triton kernel (16 stores) through Triton's "
-    "CompiledKernel launcher, stream given (compiled[grid](out, stream=s)): no argument binding, specialization or "
-    "cache lookup, but Triton's hook check (~2 µs on an H200 over calling the launcher's run directly)")
-FLUSH_KERNEL = "_l2_flush_before_timed_call"
-_FLUSHES: dict[int, L2Flush] = {}  # device index -> its flush, made on first use
-
-
-def _quantile(values: Sequence[float], q: float) -> float:
-    # linear interpolation between the closest ranks (numpy's default)
+def quantile(values: Sequence[float], q: float) -> float:
+    """The q-quantile of values by linear interpolation between the closest ranks (numpy's default)."""
     ordered = sorted(values)
     position = q * (len(ordered) - 1)
     low = int(position)
     return ordered[low] + (ordered[min(low + 1, len(ordered) - 1)] - ordered[low]) * (position - low)
 
 
-class Timing(NamedTuple):
-    """A time per call in µs: median, p20 and p80 over `samples` calls; `kernels`: GPU operations per call."""
-    median_us: float
-    p20_us: float
-    p80_us: float
-    samples: int
-    kernels: int | None = None
+def round_ratios(procedure: dict, baseline: str, ours: str = "ours") -> dict:
+    """The puzzle's speedup, baseline time / ours, per round: the median over the rounds, min, max."""
+    ratios = [b / o for b, o in zip(procedure[baseline]["runs_s"], procedure[ours]["runs_s"])]
+    return {"median": quantile(ratios, 0.5), "min": min(ratios), "max": max(ratios), "rounds": len(ratios)}
 
-    @classmethod
-    def of(cls, samples_us: Sequence[float], kernels: int | None = None) -> Timing:
-        if not samples_us:
-            raise ValueError("no samples")
-        return cls(*(_quantile(samples_us, q) for q in (0.5, 0.2, 0.8)), len(samples_us), kernels)
 
-    def gbs(self, n_bytes: float) -> float:
-        return n_bytes / (self.median_us * 1e-6) / 1e9
-
-    def fields(self, name: str) -> dict:
-        """As the tables store it: <name>_us (the median), <name>_p20_us, <name>_p80_us."""
-        return {f"{name}_us": self.median_us, f"{name}_p20_us": self.p20_us, f"{name}_p80_us": self.p80_us}
-
-
-class DeviceEvent(NamedTuple):
-    """One kernel, copy or memset on the GPU, from the profiler (microseconds on its clock)."""
-    start_us: float
-    end_us: float
-    name: str
-
-
-if triton is not None:  # a GPU kernel, defined only with a GPU
-    @triton.jit
-    def _l2_flush_before_timed_call(buffer_ptr, n_words, BLOCK: tl.constexpr):
-        # Zeros over twice the L2: no byte of the timed call's data survives in the cache. Its name
-        # appears nowhere else, so its GPU events mark where each timed call begins.
-        offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(buffer_ptr + offsets, tl.zeros([BLOCK], dtype=tl.int32), mask=offsets < n_words)
-
-
-class L2Flush:
-    """Evicts GPU `device`'s L2 cache when called. `l2_flush()` makes one per device and reuses it."""
-    BLOCK = 4096
-
-    def __init__(self, device: int):
-        l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 << 20
-        n_words = max(2 * l2_bytes, 32 << 20) // 4
-        self.device, self.grid = device, (triton.cdiv(n_words, self.BLOCK),)
-        self.buffer = torch.empty(n_words, dtype=torch.int32, device=torch.device("cuda", device))
-
-    def __call__(self):
-        with torch.cuda.device(self.device):
-            _l2_flush_before_timed_call[self.grid](self.buffer, self.buffer.numel(), BLOCK=self.BLOCK)
-
-
-def l2_flush() -> L2Flush:
-    """The current device's L2Flush: one buffer per device, made on first use and reused."""
-    device = torch.cuda.current_device()
-    if device not in _FLUSHES:
-        _FLUSHES[device] = L2Flush(device)
-    return _FLUSHES[device]
-
-
-def synchronize():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def calls_between_flushes(events: Iterable[DeviceEvent]) -> list[list[DeviceEvent]]:
-    """The GPU operations of each timed call: those between one flush and the next (none before the first or
-    after the last belongs to a call). A call that launched nothing is an error: its time would read as zero."""
-    calls, current = [], None
-    for event in sorted(events):
-        if FLUSH_KERNEL in event.name:
-            if current is not None:
-                calls.append(current)
-            current = []
-        elif current is not None:
-            current.append(event)
-    if any(not call for call in calls):
-        raise ValueError("a timed call launched no GPU work between two flushes")
-    return calls
-
-
-def _profiled(work: Callable[[], object]) -> list[DeviceEvent]:
-    """Every GPU operation of one profiled run of `work`, in start order."""
-    from torch.autograd import DeviceType
-    synchronize()
-    with warnings.catch_warnings():  # each session is one cycle: its end-of-cycle notice says nothing
-        warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-            work()
-            torch.cuda.synchronize()
-        events = sorted(DeviceEvent(e.time_range.start, e.time_range.end, e.name)
-                        for e in profile.events() if e.device_type == DeviceType.CUDA)
-    if not events:
-        raise RuntimeError("the profiler recorded no GPU activity (is CUPTI available?)")
-    return events
-
-
-def profiled_calls(fn: Callable[[], object], calls: int, flush: L2Flush) -> list[DeviceEvent]:
-    """One profiled run of `calls` calls of fn, each after an L2 flush, and a last flush to close the
-    last call; three unprofiled calls first (they compile, validate, tune: not what is timed)."""
-    for _ in range(3):
-        flush()
-        fn()
-
-    def work():
-        for _ in range(calls):
-            flush()
-            fn()
-        flush()
-
-    return _profiled(work)
-
-
-def gpu_samples(fn: Callable[[], object], calls: int, flush: L2Flush) -> tuple[list[float], int]:
-    """The GPU time (µs) of each of `calls` calls of fn, L2 flushed before each, and GPU operations per call (mode)."""
-    per_call = calls_between_flushes(profiled_calls(fn, calls, flush))
-    if len(per_call) != calls:
-        raise RuntimeError(f"{len(per_call)} calls found between flushes, {calls} were made")
-    counts = collections.Counter(len(call) for call in per_call)
-    return [sum(e.end_us - e.start_us for e in call) for call in per_call], counts.most_common(1)[0][0]
-
-
-def gpu_time(fn: Callable[[], object], calls: int = 100, flush: L2Flush | None = None) -> Timing:
-    """GPU time per call of fn (GPU_TIME_METHOD) on the current device, over `calls` calls."""
-    return Timing.of(*gpu_samples(fn, calls, flush or l2_flush()))
-
-
-def host_time(fn: Callable[[], object], calls: int = 500) -> Timing:
-    """Host time of one call of fn (HOST_TIME_METHOD): the GPU is idle when each call starts, as after
-    the procedure's synchronize, so no call waits behind another's GPU work."""
-    for _ in range(20):
-        fn()
-    samples = []
-    for _ in range(calls):
-        synchronize()
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e6)
-    synchronize()
-    return Timing.of(samples)
-
-
-def timed_calls(dequantize: Callable, layers: Sequence, iterations: int,
-                synchronize: Callable[[], None] = torch.cuda.synchronize,
-                clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
-    """The procedure's timed loop (`iterations` times each of `layers`: dequantize, .t(), synchronize), every
-    call timed in two parts by `clock` (CALL_SPLIT_METHOD): (issue, wait), each in seconds summed over the calls."""
-    issue_s = 0.0
-    wait_s = 0.0
-    for _ in range(iterations):
-        for layer in layers:
-            called = clock()
-            dequantize(layer).t()
-            returned = clock()
-            synchronize()
-            synchronized = clock()
-            issue_s += returned - called
-            wait_s += synchronized - returned
-    return issue_s, wait_s
-
-
-def add_call_split(procedure: dict, methods: dict[str, Callable], build_case: Callable, rounds: int = 5,
-                   iterations: int = 50, synchronize: Callable[[], None] = torch.cuda.synchronize,
-                   clock: Callable[[], float] = time.perf_counter, profile: Callable | None = None) -> None:
-    """Where a call's time goes, added to each case of `procedure` per method (issue_us, wait_us, wall_us, gpu_us,
-    gpu_kernels, split_calls, split_rounds), on layers rebuilt by `build_case(*case)`. The procedure's loop
-    (timed_calls: up, gate, down) twice untimed, then `rounds` rounds of `iterations`, the methods in turn, the order
-    rotated each round; kept: the round of median wall, its issue and wait per call (means over its calls), so wall_us
-    is issue_us + wait_us exactly. GPU time per call (durations of the GPU operations, `profile`: the profiler, no L2
-    flush as in the procedure) comes from one more round, profiled: beside the sum, not in it."""
-    profile = profile or _profiled
-    names = list(procedure)
-    calls = 3 * iterations
-    for c, case in enumerate(PROCEDURE_CASES):
-        mlp, _ = build_case(*case)
-        layers = (mlp.up_proj, mlp.gate_proj, mlp.down_proj)  # the procedure's order
-        for name in names:
-            timed_calls(methods[name], layers, 2, synchronize, clock)  # a new weight's first calls: untimed
-        rounds_s = {name: [] for name in names}  # per method, (issue_s, wait_s) per round
-        for r in range(rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                rounds_s[name].append(timed_calls(methods[name], layers, iterations, synchronize, clock))
-        for name in names:
-            issue_s, wait_s = sorted(rounds_s[name], key=sum)[(rounds - 1) // 2]  # the round of median wall
-            loop = functools.partial(timed_calls, methods[name], layers, iterations, synchronize, clock)
-            events = profile(loop)
-            issue_us = issue_s / calls * 1e6
-            wait_us = wait_s / calls * 1e6
-            procedure[name]["cases"][c].update(
-                issue_us=issue_us, wait_us=wait_us, wall_us=issue_us + wait_us,
-                gpu_us=sum(e.end_us - e.start_us for e in events) / calls, gpu_kernels=len(events) / calls,
-                split_calls=calls, split_rounds=rounds)
-        del mlp, layers
-
-
-if triton is not None:  # a GPU kernel, defined only with a GPU
-    @triton.jit
-    def _copy_ceiling_kernel(packed_ptr, out_ptr, n_bytes, BYTES: tl.constexpr):
-        # Reads the packed bytes and writes two 16-bit values per byte, with no decoding: the bytes
-        # a dequantization moves, so nothing that moves them can be faster.
-        offsets = tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES)
-        value = tl.load(packed_ptr + offsets, mask=offsets < n_bytes).to(tl.uint16)
-        tl.store(out_ptr + 2 * offsets[:, None] + tl.arange(0, 2)[None, :], tl.join(value, value),
-                 mask=offsets[:, None] < n_bytes)
-
-
-def ceiling_launch(n_elements: int, bytes_per_program: int, num_warps: int) -> Callable[[], None]:
-    """One launch of the no-math kernel moving an n-element 16-bit dequantization's bytes."""
-    packed = torch.randint(0, 255, ((n_elements + 1) // 2,), dtype=torch.uint8, device="cuda")
-    out = torch.empty(n_elements, dtype=torch.int16, device="cuda")
-    grid = (triton.cdiv(packed.numel(), bytes_per_program),)
-    return lambda: _copy_ceiling_kernel[grid](packed, out, packed.numel(), BYTES=bytes_per_program,
-                                              num_warps=num_warps)
-
-
-def device_copy_gbs() -> float:
-    """A 1 GiB device-to-device copy's bandwidth by GPU time, counting bytes read plus written."""
-    src = torch.empty(1 << 29, dtype=torch.int16, device="cuda").random_()
-    dst = torch.empty_like(src)
-    return gpu_time(lambda: dst.copy_(src), calls=20).gbs(2 << 30)
-
-
-def kernel_table(methods: dict[str, Callable]) -> list[dict]:
-    """Per weight shape (KERNEL_SHAPES): each method's GPU time (median, p20, p80 of 150 calls: three
-    rounds of 50 that time the methods in turn), GB/s and GPU operations per call; the same for the copy
-    ceiling (`ceiling_*`) in the fastest configuration of a small sweep (`ceiling_config`)."""
-    flush, rows = l2_flush(), []
-    for out_features, in_features, dtype in KERNEL_SHAPES:
-        layer = make_layer(out_features, in_features, dtype)
-        n = out_features * in_features
-        ceiling = min(((1024, 4), (2048, 4), (4096, 8), (8192, 8)),  # (bytes per program, warps)
-                      key=lambda c: gpu_time(ceiling_launch(n, *c), calls=30, flush=flush).median_us)
-        timed = {name: (lambda fn=fn: fn(layer)) for name, fn in methods.items()}
-        timed["ceiling"] = ceiling_launch(n, *ceiling)
-        samples, kernels = collections.defaultdict(list), {}
-        for _ in range(3):
-            for name, fn in timed.items():
-                times, kernels[name] = gpu_samples(fn, 50, flush)
-                samples[name] += times
-        row = {"shape": f"{out_features}x{in_features}", "dtype": dtype_name(dtype),
-               "bytes": bytes_moved(n, dtype), "ceiling_config": list(ceiling)}
-        for name in timed:
-            timing = Timing.of(samples[name], kernels[name])
-            row.update(timing.fields(name), **{f"{name}_gbs": timing.gbs(row["bytes"]),
-                                               f"{name}_kernels": timing.kernels, f"{name}_samples": timing.samples})
-        rows.append(row)
-        del layer, timed
-    return rows
-
-
-if triton is not None:  # a GPU kernel, defined only with a GPU
-    @triton.jit
-    def _store_16_zeros(out_ptr):
-        # The least a launch can do and still leave a result. No constexpr and no integer argument:
-        # every Triton version passes its launcher the same arguments.
-        tl.store(out_ptr + tl.arange(0, 16), tl.zeros([16], dtype=tl.float32))
-
-
-def cpu_cost_table(methods: dict[str, Callable]) -> dict:
-    """Host time per call (HOST_TIME_METHOD) of every method on the procedure's first weight, beside a reference
-    launch (LAUNCH_REFERENCE_METHOD, keyed "floor"), torch.empty alone, and Triton's own launch of its kernel."""
-    out_features, in_features, dtype = KERNEL_SHAPES[0]
-    size = torch.Size((out_features, in_features))
-    layer = make_layer(out_features, in_features, dtype)
-    sample = torch.empty(size, dtype=dtype, device="cuda")
-    standard = lambda: _store_16_zeros[(1,)](sample)
-    direct = standard()[(1, 1, 1)]  # Triton's own launch compiles the kernel and returns it: its launcher
-    stream = torch.cuda.current_stream().cuda_stream
-    timed = {name: (lambda fn=fn: fn(layer)) for name, fn in methods.items()}
-    timed.update(floor=lambda: direct(torch.empty(size, dtype=dtype, device="cuda"), stream=stream),
-                 empty=lambda: torch.empty(size, dtype=dtype, device="cuda"), triton_launch=standard)
-    table = {"layer": f"{out_features}x{in_features} {dtype_name(dtype)}", "floor": LAUNCH_REFERENCE_METHOD}
-    for name, fn in timed.items():
-        table.update(host_time(fn).fields(name))
-    return table
-
-
-# 4. A T4: forecast from this run's split, and emulation on this GPU ------------------------------
-# A T4's device-to-device copy, bytes read + written (as device_copy_gbs counts them): CUDA's bandwidthTest
-# measured 239.6 GB/s device to device on a T4. Its datasheet's 320 GB/s is a peak no copy reaches.
-T4_COPY_GBS = 240
-T4_HOST_FACTORS = (1, 2, 3)  # Colab's host is slower than this one by a factor nobody here measured
-T4_FORECAST_METHOD = (
-    "forecast, not a measurement: per call, issue x host factor + GPU time x (this GPU's copy GB/s / a T4's) + the "
-    "wait beyond GPU time (max(wait - GPU, 0)) as measured, times the procedure's calls, summed over its cases")
-EMULATION_METHOD = "each call padded to a T4's GPU time for its bytes (torch.cuda._sleep on the current stream)"
-
-
-def forecast_seconds(cases: Sequence[dict], gpu_scale: float, host_factor: float) -> float:
-    """The procedure's seconds by T4_FORECAST_METHOD's model, from one method's cases (add_call_split's
-    issue_us, wait_us, gpu_us and the procedure's calls): GPU time x gpu_scale, issue x host_factor."""
-    total_us = 0.0
-    for case in cases:
-        wait_beyond_gpu_us = max(case["wait_us"] - case["gpu_us"], 0.0)
-        per_call_us = case["issue_us"] * host_factor + case["gpu_us"] * gpu_scale + wait_beyond_gpu_us
-        total_us += per_call_us * case["calls"]
-    return total_us / 1e6
-
-
-def t4_forecast(procedure: dict, copy_gbs: float, host_factors: Sequence[float] = T4_HOST_FACTORS,
-                t4_gbs: float = T4_COPY_GBS) -> dict | None:
-    """The procedure on a T4, forecast (T4_FORECAST_METHOD) from this run's split: per method its seconds at each
-    host factor, per baseline its seconds / ours at each, and the model's error on this GPU (gpu_scale 1, host
-    factor 1, against this run's measured median). None unless every method's cases carry the split."""
-    for result in procedure.values():
-        if not result.get("cases") or not all("issue_us" in case for case in result["cases"]):
-            return None
-    gpu_scale = copy_gbs / t4_gbs
-    inputs = {"copy_gbs": copy_gbs, "t4_copy_gbs": t4_gbs, "gpu_scale": gpu_scale, "host_factors": list(host_factors),
-              "cases": {name: [{key: case[key] for key in ("case", "calls", "issue_us", "wait_us", "gpu_us")}
-                               for case in result["cases"]] for name, result in procedure.items()}}
-    seconds = {name: [forecast_seconds(result["cases"], gpu_scale, factor) for factor in host_factors]
-               for name, result in procedure.items()}
-    ratios = {name: [base / ours for base, ours in zip(seconds[name], seconds["ours"])]
-              for name in seconds if name in BASELINES}
-    model_error = {}
-    for name, result in procedure.items():
-        model_s = forecast_seconds(result["cases"], 1.0, 1.0)
-        model_error[name] = {"model_s": model_s, "measured_s": result["median_s"],
-                             "error": model_s / result["median_s"] - 1}
-    return {"what": T4_FORECAST_METHOD, "inputs": inputs, "seconds": seconds, "ratios": ratios,
-            "ratio_range": {name: [min(r), max(r)] for name, r in ratios.items()}, "model_error": model_error}
-
-
-def is_t4(env: dict) -> bool:
-    """Whether `env` (environment()) is a T4's: compute capability 7.5 or 'T4' in the GPU's name."""
-    return env.get("capability") == "7.5" or "T4" in str(env.get("gpu"))
-
-
-def t4_pad_us(n_elements: int, out_dtype: torch.dtype, copy_gbs: float, t4_gbs: float = T4_COPY_GBS) -> float:
-    """GPU time a call on n weights lacks here to take a T4's for its bytes (call_bytes): the bytes at a T4's
-    copy bandwidth minus at this GPU's, µs (GB/s x 1e3 = bytes per µs); 0 where this GPU is no faster."""
-    n_bytes = call_bytes(n_elements, out_dtype)
-    return max(n_bytes / (t4_gbs * 1e3) - n_bytes / (copy_gbs * 1e3), 0.0)
-
-
-def sleep_cycles_per_us(cycles: int = 10_000_000, samples: int = 5) -> float:
-    """GPU cycles per µs of torch.cuda._sleep on the current GPU: `cycles` timed by CUDA events, median of
-    `samples` (after one untimed launch, which loads the kernel)."""
-    torch.cuda._sleep(cycles)
-    rates = []
-    for _ in range(samples):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-        end.synchronize()
-        rates.append(cycles / (start.elapsed_time(end) * 1e3))
-    return _quantile(rates, 0.5)
-
-
-class PaddedToT4:
-    """`dequantize` with each call followed by a GPU sleep (on the current stream, after the call's kernels) that
-    brings the call's GPU time to a T4's for its bytes (t4_pad_us): the same padding for every method, since it
-    depends on the bytes only. Host time stays this machine's; the sleep's own launch adds a little to every call."""
-
-    def __init__(self, dequantize: Callable, copy_gbs: float, cycles_per_us: float,
-                 sleep: Callable[[int], None] = torch.cuda._sleep):
-        self.dequantize = dequantize
-        self.copy_gbs = copy_gbs
-        self.cycles_per_us = cycles_per_us
-        self.sleep = sleep
-
-    def __call__(self, layer):
-        out = self.dequantize(layer)
-        state = layer.weight.quant_state
-        pad_us = t4_pad_us(state.shape.numel(), state.dtype, self.copy_gbs)
-        self.sleep(round(pad_us * self.cycles_per_us))
-        return out
-
-
-def emulate_t4(test_dequantize: Callable, methods: dict[str, Callable], reference: Callable, copy_gbs: float,
-               rounds: int = 1, cycles_per_us: float | None = None,
-               sleep: Callable[[int], None] = torch.cuda._sleep) -> dict:
-    """The procedure (`test_dequantize(methods, reference, rounds)`, the notebook's) on this GPU with every call
-    padded to a T4's GPU time (PaddedToT4); bnb left out where the classic path runs its kernels (SAME_KERNELS).
-    Returns how (`what`, cycles_per_us, the padding per case), each method's median seconds and each baseline's
-    median ratio to ours over the rounds."""
-    cycles_per_us = cycles_per_us or sleep_cycles_per_us()
-    launched_by_another = {same for twin, same in SAME_KERNELS.items() if twin in methods}
-    padded = {name: PaddedToT4(method, copy_gbs, cycles_per_us, sleep)
-              for name, method in methods.items() if name not in launched_by_another}
-    result = test_dequantize(padded, reference, rounds=rounds)
-    pad_us = [t4_pad_us(hd * m, dtype, copy_gbs) for _, _, hd, m, _, dtype in PROCEDURE_CASES]
-    return {"what": EMULATION_METHOD, "cycles_per_us": cycles_per_us, "pad_us": pad_us, "rounds": rounds,
-            "seconds": {name: r["median_s"] for name, r in result.items()},
-            "ratios": {name: round_ratios(result, name)["median"] for name in result if name in BASELINES}}
-
-
-# 5. torch.compile: what compiles on this GPU, and what it matches ----------------------------
+# 3. torch.compile: what compiles on this GPU, and what it matches ----------------------------
 def inductor_refusal(error: BaseException) -> str | None:
     """Why Inductor refused to compile a graph (a SkipFrame: on a GPU without native bf16, compile_fx.py
     _check_triton_bf16_support), found along the error chain, where fullgraph=True wraps it in an
@@ -1014,11 +614,7 @@ def compile_claim(report: dict) -> str:
     return "; ".join(parts) if parts else "nothing was compiled"
 
 
-# 6. Result files --------------------------------------------------------------------------------
-MEASUREMENT = {"kernel": GPU_TIME_METHOD, "host": HOST_TIME_METHOD, "floor": LAUNCH_REFERENCE_METHOD,
-               "procedure": PROCEDURE_METHOD, "split": CALL_SPLIT_METHOD}  # how each clock measures: every result file
-
-
+# 4. Result files --------------------------------------------------------------------------------
 def results_dir(env: dict) -> Path:
     """results/<gpu>/ beside this file (results/cpu/ without a GPU), created if missing."""
     path = ROOT / "results" / gpu_slug(env["gpu"] if env["capability"] else "cpu")
@@ -1035,9 +631,54 @@ def shown_path(path: Path) -> str:
         return path.name
 
 
-def write_results(path: Path, env: dict, **tables) -> str:
-    """One JSON file: the environment (GPU, driver, versions, date), how each clock measures (MEASUREMENT,
-    or a `measurement` table given) and the tables. Returns the path as `shown_path` prints it."""
-    Path(path).write_text(json.dumps({"environment": env, "measurement": MEASUREMENT, **tables},
+def write_results(path: Path, env: dict, measurement: dict, **tables) -> str:
+    """One JSON file: the environment (GPU, driver, versions, date, and the kernel cells that were measured:
+    paste_unit_sha256, which it must hold), how each clock measures and the tables. Returns the path as
+    `shown_path` prints it."""
+    if not env.get("paste_unit_sha256"):
+        raise ValueError("the environment names no paste_unit_sha256: which cells made these numbers?")
+    Path(path).write_text(json.dumps({"environment": env, "measurement": measurement, **tables},
                                      indent=2, default=str) + "\n")
     return shown_path(path)
+
+
+def executed_notebook() -> dict | None:
+    """The running notebook with its outputs so far, where the runtime lets a cell read it (Colab, by its own
+    private request for the open notebook); else None (run.sh writes the executed notebook itself)."""
+    if runtime_name() != "Colab":
+        return None
+    try:
+        from google.colab import _message
+        return _message.blocking_request("get_ipynb", timeout_sec=120)["ipynb"]
+    except Exception:  # a Colab that answers otherwise: the archive goes without it
+        return None
+
+
+def pack_run(directory: Path, notebook: dict | None = None) -> str:
+    """Every file of results/<gpu>/ (its JSON, plots, and an executed notebook run.sh left there), and `notebook`
+    (default: executed_notebook()) as its Unsloth_Puzzles_NF4.ipynb, in results/<gpu>.zip, named as in the
+    repository. On Colab the browser is offered it; on Kaggle it is copied into the output folder. Returns where
+    it is and how to commit it."""
+    directory = Path(directory)
+    archive = directory.with_suffix(".zip")
+    notebook = notebook or executed_notebook()
+    inside = shown_path(directory)
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as packed:
+        for path in sorted(directory.iterdir()):
+            if path.is_file():
+                packed.write(path, f"{inside}/{path.name}")
+        if notebook is not None:
+            packed.writestr(f"{inside}/{NOTEBOOK_NAME}", json.dumps(notebook, indent=1, ensure_ascii=False))
+    with zipfile.ZipFile(archive) as packed:
+        names = packed.namelist()
+    where = f"{len(names)} files of {inside}/ in {shown_path(archive)}"
+    if runtime_name() == "Colab":
+        from google.colab import files
+        files.download(str(archive))
+        where += " (offered as a download)"
+    elif runtime_name() == "Kaggle":
+        shutil.copy(archive, Path("/kaggle/working") / archive.name)
+        where += f" (also /kaggle/working/{archive.name}, this notebook's output)"
+    with_notebook = "with" if f"{inside}/{NOTEBOOK_NAME}" in names else "without"
+    return (f"Packed {where}, {with_notebook} the executed notebook. To make it the repository's: unzip it at the "
+            f"repository's root, then run python -m benchmarks.headline {inside}")

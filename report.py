@@ -1,5 +1,5 @@
-"""How the NF4 notebook shows what helpers.py measures, in the order it shows it: the score card,
-markdown tables and plots. Fetched beside helpers.py; nothing here measures.
+"""How the NF4 notebook shows what helpers.py sets up and timing.py measures, in the order it shows it: the
+score card, markdown tables and plots. Fetched beside them; nothing here measures.
 
   1. Score card and run clock  ScoreCard, RunClock, show, wrap, device_note
   2. Tables, as markdown       markdown_table, format_ratio, format_procedure, format_floor, format_t4_forecast,
@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from helpers import (GPU_TIME_METHOD, HOST_TIME_METHOD, LAUNCH_REFERENCE_METHOD, MAX_LINE, METHODS, OURS,
-                     PROCEDURE_METHOD, SAME_KERNELS, column, dtype_name, short_dtype, versions_line, wrap)
-from helpers import BASELINES, T4_COPY_GBS, is_t4, round_ratios
+from helpers import (BASELINES, MAX_LINE, METHODS, OURS, PROCEDURE_METHOD, SAME_KERNELS, column, dtype_name, is_t4,
+                     round_ratios, short_dtype, shown_path, versions_line, wrap)
+from timing import GPU_TIME_METHOD, HOST_TIME_METHOD, LAUNCH_REFERENCE_METHOD, T4_COPY_GBS
 
 # 1. Score card and run clock ------------------------------------------------------------------
 # The puzzle's marking, in its order: key -> (the criterion and its points, the points it can give).
@@ -42,6 +42,29 @@ GET_A_GPU = "run on a GPU (Colab: Runtime > Change runtime type > T4)"
 SPEEDUP_RULE = ("speedup = baseline time / ours over the published procedure; at most 1.00: -3; at least 1.05: +1; "
                 "at least 1.10: +3; at least 1.15: +5")
 NOT_MEASURED = "not measured yet: a later cell fills this in"
+
+
+def speedup_evidence(procedure: dict, baseline: str, env: dict) -> str:
+    """The score card's speedup line: the ratio the procedure measured, and on which GPU."""
+    return (f"{format_ratio(round_ratios(procedure, baseline))} on {env['gpu']}, the procedure vs "
+            f"{METHODS[baseline].column}")
+
+
+def t4_evidence(forecast: dict, baseline: str, env: dict) -> str:
+    """What a T4 would give, beside the ratio another GPU measured: the forecast and the emulation ('' on a T4,
+    whose own procedure is the measurement)."""
+    if is_t4(env) or baseline not in forecast["ratio_range"]:
+        return ""
+    low, high = forecast["ratio_range"][baseline]
+    text = f"on a T4 (not measured): forecast {low:.2f}x - {high:.2f}x"
+    emulated = forecast.get("emulated") or {}
+    if baseline in emulated.get("ratios", {}):
+        low, high = emulated["ratio_range"][baseline]
+        text += f", emulated {emulated['ratios'][baseline]:.2f}x ({low:.2f}x - {high:.2f}x over {emulated['rounds']} rounds)"
+    return text
+
+
+PUZZLE_TARGET = 1.15  # the speedup the puzzle asks for
 
 
 def speedup_points(ratio: float) -> int:
@@ -149,6 +172,12 @@ class ScoreCard:
             raise ValueError(f"{key} gives one of {CRITERIA[key][1]} points, not {points}")
         self.rows[key] = (points, " ".join(str(evidence).split()))
         self._refresh()
+
+    def add_evidence(self, key: str, evidence: str) -> None:
+        """More evidence for a criterion already set, its points unchanged (nothing where evidence is '')."""
+        if evidence:
+            points, before = self.rows[key]
+            self.set(key, points, f"{before}; {evidence}")
 
     def speedup(self, ratio: float, evidence: str) -> None:
         """The speedup row, its points from `ratio` (baseline time / ours) by SPEEDUP_RULE."""
@@ -329,17 +358,29 @@ def format_t4_forecast(forecast: dict | None, env: dict) -> str:
              wrap(f"The model on this GPU (GPU time x 1, issue x 1) against this run's procedure (median): {errors}.")]
     emulated = forecast.get("emulated")
     if emulated:
-        shown = []
-        for name, seconds in emulated["seconds"].items():
-            ratio = emulated["ratios"].get(name)
-            shown.append(f"{column(name)} {seconds:.2f} s" + (f" ({ratio:.2f}x)" if ratio else ""))
-        pads = ", ".join(f"{pad:.0f}" for pad in emulated["pad_us"])
-        parts.append(wrap(f"Emulated on {env['gpu']}: {emulated['what']}, {pads} µs a call in the three cases; the "
-                          f"procedure, {emulated['rounds']} round(s): {', '.join(shown)}. {EMULATION_CAVEAT}"))
+        parts.append(format_emulation(emulated, env))
     elif is_t4(env):
         parts.append(wrap("This GPU is a T4: the procedure above is the measurement, so nothing is emulated."))
     parts.append(wrap(T4_PUBLIC_RUNS))
     return "\n\n".join(parts)
+
+
+def format_emulation(emulated: dict, env: dict) -> str:
+    """timing.emulate_t4's result: how, per method its seconds (median of the rounds), per baseline its time / ours
+    (median, min - max over the rounds), and what spreads: each method's rounds differ by their host time alone."""
+    shown = []
+    for name, seconds in emulated["seconds"].items():
+        text = f"{column(name)} {seconds:.2f} s"
+        if name in emulated["ratios"]:
+            low, high = emulated["ratio_range"][name]
+            text += f" ({emulated['ratios'][name]:.2f}x, {low:.2f}x - {high:.2f}x)"
+        shown.append(text)
+    pads = ", ".join(f"{pad:.0f}" for pad in emulated["pad_us"])
+    spread = ", ".join(f"{column(name)} {value:.1%}" for name, value in emulated["spread"].items())
+    return wrap(f"**Emulated on {env['gpu']}, not measured on a T4**: {emulated['what']}, {pads} µs a call in the "
+                f"three cases; the procedure in {emulated['rounds']} rounds, the order rotated, seconds (median) "
+                f"and baseline / ours (median, min - max): {', '.join(shown)}. The padding is the same in every "
+                f"round, so the spread between rounds is this host's time per call: {spread}. {EMULATION_CAVEAT}")
 
 
 def format_kernel_table(rows: Sequence[dict], methods: Sequence[str]) -> str:
@@ -693,29 +734,69 @@ def plot_time_split(procedure: dict, env: dict, path: Path | None = None):
     return _save(fig, path)
 
 
-def newest_t4_code(root: Path) -> Path | None:
-    """The newest t4_code.json under root/results (by the date it records), or None."""
+def t4_code_file(this_gpu: Path | None, root: Path) -> Path | None:
+    """The sm_75 timings to show: this GPU's results/<gpu>/t4_code.json where it has one, else the newest
+    under root/results (by the date it records), else None."""
     import json
+    if this_gpu is not None and (Path(this_gpu) / "t4_code.json").exists():
+        return Path(this_gpu) / "t4_code.json"
     found = [(json.loads(path.read_text())["environment"]["date"], path)
              for path in sorted(Path(root, "results").glob("*/t4_code.json"))]
     return max(found)[1] if found else None
 
 
-def format_t4_code(path: Path, t4_config) -> str:
-    """t4_benchmark.py's result file as markdown: per shape, unsloth's sm_75 build, ours with the T4's
-    LAUNCH_CONFIGS entry (t4_config) and unsloth's time over ours, and the copy kernel; labelled what it is."""
+def cells_note(env: dict, cells_sha256: str) -> str:
+    """'' where a result file was measured by these cells (its environment's paste_unit_sha256), else a
+    sentence that says it was not."""
+    stamp = env.get("paste_unit_sha256")
+    if stamp == cells_sha256:
+        return ""
+    return (f" Measured by other kernel cells than these (paste unit sha256 {str(stamp)[:12]}, these "
+            f"{cells_sha256[:12]}).")
+
+
+def format_t4_code(path: Path, t4_config, cells_sha256: str) -> str:
+    """benchmarks/t4_code.py's result file as markdown: per shape, unsloth's sm_75 build, ours with the T4's
+    LAUNCH_CONFIGS entry (t4_config) and unsloth's time over ours, and the copy kernel; labelled what it is, and
+    whether the cells that ran here (cells_sha256) made it."""
     import json
     t4 = json.loads(Path(path).read_text())
     shapes, env = t4["shapes"], t4["environment"]
     ours = [next(c for c in s["ours"].values() if list(c["config"]) == list(t4_config)) for s in shapes]
-    unsloth_us = [s["unsloth"]["best_us"] for s in shapes]
+    unsloth_us = [s["unsloth"]["median_us"] for s in shapes]
     rows = [["unsloth fused, its choice for 7.5", *(f"{us:.2f}" for us in unsloth_us)],
-            ["ours, LAUNCH_CONFIGS[(7, 5)]", *(f"{o['best_us']:.2f} ({us / o['best_us']:.2f}x)"
+            ["ours, LAUNCH_CONFIGS[(7, 5)]", *(f"{o['median_us']:.2f} ({us / o['median_us']:.2f}x)"
                                                for us, o in zip(unsloth_us, ours))],
-            ["copy kernel, same bytes", *(f"{s['copy']['best_us']:.2f}" for s in shapes)]]
+            ["copy kernel, same bytes", *(f"{s['copy']['median_us']:.2f}" for s in shapes)]]
     exact = "yes" if all(o["sm75_bit_exact"] for o in ours) else "NO"
     header = ["sm_75 build", *(_weight(s["shape"], s["dtype"]) for s in shapes)]
-    return "\n\n".join([wrap(f"From `{Path(path).parent.name}/{Path(path).name}`: {t4['what']} ({versions_line(env)}). "
-                             "GPU µs per call, best of 7 rounds; (x) = unsloth's time / ours. Every output "
-                             f"bit-identical to bitsandbytes: {exact}."),
+    source = f"{Path(path).parent.parent.name}/{Path(path).parent.name}/{Path(path).name}"
+    return "\n\n".join([wrap(f"From `{source}`: {t4['what']} ({versions_line(env)}). GPU µs per call, median; (x) = "
+                             f"unsloth's time / ours. Every output bit-identical to bitsandbytes: {exact}."
+                             + cells_note(env, cells_sha256)),
                         markdown_table(header, rows)])
+
+
+def run_summary(notebook, directory: Path, packed: str | None) -> list[str]:
+    """What scripts/run.sh says once the notebook has run, read from its outputs and the files it wrote (at most 8
+    lines): whether the kernel was bit-exact, the score card's line (and what needs a GPU), on a GPU the
+    procedure's speedup, and where the executed notebook and the result files are."""
+    import json
+    texts, card = [], ""
+    for cell in notebook["cells"]:
+        for output in cell.get("outputs", []):
+            texts.append("".join(output.get("text", "")))
+            markdown = "".join(output.get("data", {}).get("text/markdown", ""))
+            card = markdown if markdown.startswith("**Score card") else card
+    exact = any("ALL EXACT" in text for text in texts) and any("MODEL EXACT" in text for text in texts)
+    lines = [f"Bit-exact against bitsandbytes (torch.equal): {'yes' if exact else 'NO'}, at every shape and dtype "
+             "and in a small Llama's QLoRA step.", card.split("\n")[0].strip("*") or "No score card was shown."]
+    lines += [line for line in card.split("\n\n") if line.startswith("Needs a GPU")]
+    results = Path(directory) / "notebook.json"
+    if results.exists():
+        procedure, baseline = (json.loads(results.read_text())[key] for key in ("procedure", "score"))
+        ratio = format_ratio(round_ratios(procedure, baseline["baseline"]))
+        lines.append(f"The published procedure: ours {procedure['ours']['median_s']:.3f} s, {ratio} against "
+                     f"{METHODS[baseline['baseline']].column}.")
+    lines.append(f"The executed notebook: {shown_path(Path(directory) / 'Unsloth_Puzzles_NF4.ipynb')}.")
+    return lines + ([packed] if packed else [])

@@ -14,25 +14,13 @@ VERSION_TESTS="tests/test_exactness.py tests/test_layouts.py tests/test_compile_
 LOGS=$(mktemp -d)
 trap 'rm -rf "$LOGS"' EXIT
 export TRITON_CACHE_DIR="$LOGS/triton-cache"  # every run compiles afresh, as on a new machine
-START=$SECONDS
-say() { printf '[test.sh %3dm%02ds] %s\n' $(((SECONDS - START) / 60)) $(((SECONDS - START) % 60)) "$*"; }
-# pip, showing what it downloads and installs, not every satisfied requirement; fails as pip fails
-pip_install() {
-  "$@" 2>&1 | awk '/^ *(Collecting|Downloading|Installing collected|Successfully installed|ERROR|error)/ {
-    print "    " $0; fflush() }'
-}
+SCRIPT=test.sh
+source scripts/venv.sh
 
 PY=python3
 if [ "${1:-}" != "--no-install" ]; then
-  if [ ! -x .venv/bin/python ]; then
-    say "creating .venv"
-    python3 -m venv .venv || exit 1
-  fi
+  cpu_venv || exit 1
   PY=.venv/bin/python
-  say "installing requirements-cpu.txt into .venv (a first run downloads about 1 GB: minutes)"
-  pip_install "$PY" -m pip install --disable-pip-version-check -r requirements-cpu.txt || exit 1
-  # a CUDA build here would mean GBs of downloads and a different code path: refuse it
-  "$PY" -c "import torch, sys; sys.exit('a CUDA build of torch is installed; CI needs the CPU build' if torch.version.cuda else 0)" || exit 1
 else
   TRITONS=""
 fi
@@ -64,8 +52,7 @@ triton_venv() {
     rm -rf "$venv"
     "$PY" -m venv --without-pip "$venv" || return 1
     site_packages "$PY" > "$(site_packages "$venv/bin/python")/nf4_main_venv.pth"
-    pip_install "$PY" -m pip --python "$venv/bin/python" install --disable-pip-version-check --no-deps \
-      "triton==$version" || return 1
+    pip_install "$PY" -m pip --python "$venv/bin/python" install --no-deps "triton==$version" || return 1
   fi
   [ "$(triton_of "$venv/bin/python")" = "$version" ]
 }

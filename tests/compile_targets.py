@@ -18,7 +18,7 @@ import offline_gpu  # noqa: E402  (before torch and triton are used)
 import torch  # noqa: E402
 import bitsandbytes.functional as bnbf  # noqa: E402
 
-from kernel_cells import load_kernel_cells  # noqa: E402
+from benchmarks.cells import load_kernel_cells  # noqa: E402
 
 OUT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 

@@ -34,6 +34,6 @@ def pytest_collection_modifyitems(config, items):
 def kernel():
     """The notebook's kernel cells (the paste unit) as a module; NF4_NOTEBOOK=path tests another
     notebook's."""
-    from kernel_cells import load_kernel_cells
+    from benchmarks.cells import load_kernel_cells
     notebook = os.environ.get("NF4_NOTEBOOK")
     return load_kernel_cells(Path(notebook)) if notebook else load_kernel_cells()

@@ -24,7 +24,7 @@ import offline_gpu  # noqa: E402  (before torch and triton are used)
 import torch  # noqa: E402
 import bitsandbytes.functional as bnbf  # noqa: E402
 
-from kernel_cells import NOTEBOOK, PASTE_UNIT, load_kernel_cells  # noqa: E402
+from benchmarks.cells import NOTEBOOK, PASTE_UNIT, load_kernel_cells  # noqa: E402
 from reference import bits, distinct_equal  # noqa: E402
 
 CAPABILITY = (7, 5)
@@ -300,6 +300,27 @@ def replay_raises(kernel):
     return report
 
 
+def t4_code_launches(kernel):
+    """benchmarks/t4_code.py's sm_75 launches, made with the paste unit's recorder: for ours, the function and
+    launch metadata found where Triton's C launch takes them and swapped, the rest what Triton passes (the
+    stand-in loads the sm_75 build under the JIT build's function handle); for the copy kernel, a launch that
+    parses."""
+    from benchmarks import t4_code
+    W, q = weight(shape=(64, 256), seed=50)
+    launch = Launch(kernel, W, q)
+    compiled, triton_bits = launch.triton()
+    sm75 = t4_code.ours(kernel, launch.layout, launch.out, launch.config)
+    other = torch.empty_like(launch.out)
+    sm75.into(other)
+    packed, absmax = launch.layout.packed, launch.layout.absmax
+    copy = t4_code.copy_launch(kernel, packed, absmax, torch.empty(packed.numel() * 2, dtype=torch.int16), 2048, 4,
+                               True)
+    copy.into(torch.empty(packed.numel() * 2, dtype=torch.int16))
+    return {"target": sm75.build.compiled.metadata.target.arch, "matches_triton": torch.equal(bits(other), triton_bits),
+            "problems": offline_gpu.fake_launch_of(compiled).problems
+            + offline_gpu.fake_launch_of(copy.jit_compiled).problems}
+
+
 SWEEP = {  # weights Triton may specialize apart
     "aligned": {},
     "W off by 1 byte": {"shift": ("W", 1)},
@@ -344,7 +365,7 @@ def main():
               "nested": case(kernel, True, torch.bfloat16), "plain": case(kernel, False, torch.float32),
               "with_launch_hook": hook_before(kernel), "converted_offset_first": converted_offset_first(kernel),
               "sweep": sweep(kernel), "other_quant_states": other_quant_states(kernel),
-              "replay_raises": replay_raises(kernel)}
+              "replay_raises": replay_raises(kernel), "t4_code": t4_code_launches(kernel)}
     print(json.dumps(report))
 
 

@@ -125,3 +125,9 @@ def test_a_template_whose_check_replay_raises_is_not_kept(report):
 
 def test_an_error_tritons_launch_raises_too_reaches_the_caller(report):
     assert report["replay_raises"]["E"] == "CUDA error: an illegal memory access was encountered"
+
+
+def test_t4_codes_sm75_launch_passes_what_triton_passes(report):
+    # the sm_75 timing's launches (benchmarks/t4_code.py) come from the paste unit's own recorder
+    case = report["t4_code"]
+    assert case == {"target": 75, "matches_triton": True, "problems": []}, f"Triton {report['triton']}: {case}"

@@ -445,7 +445,7 @@ STICKY_ERROR = """
 import sys, torch
 sys.path[:0] = [{root!r}, {tests!r}]
 import helpers
-from kernel_cells import load_kernel_cells
+from benchmarks.cells import load_kernel_cells
 kernel = load_kernel_cells()
 layer = helpers.make_layer(256, 512, torch.bfloat16)
 for _ in range(2):

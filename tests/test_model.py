@@ -23,7 +23,7 @@ import threading
 import pytest
 import torch
 
-import model_benchmark
+from benchmarks import model as model_benchmark
 import model_patch  # handed the kernel cells' function: model_patch.use_triton_dequantize(kernel.dequantize_nf4)
 from conftest import DEVICE, GPU, ROOT
 
@@ -422,7 +422,7 @@ CPU_WITHOUT_THE_INTERPRETER = textwrap.dedent("""
     warnings.simplefilter("error", RuntimeWarning)  # an unexpected kernel failure warns: make it fail
     import bitsandbytes.functional as bnbf, torch
     import model_patch
-    from kernel_cells import load_kernel_cells
+    from benchmarks.cells import load_kernel_cells
     cells = load_kernel_cells()
     W, qs = bnbf.quantize_4bit(torch.randn(64, 128), blocksize=64, quant_type="nf4")
     reference = bnbf.dequantize_4bit(W, qs)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from kernel_cells import NOTEBOOK, PASTE_UNIT, kernel_cell_sources
+from benchmarks.cells import NOTEBOOK, PASTE_UNIT, kernel_cell_sources
 
 # How the paste unit must read (people paste and maintain it): plain code, in numbers
 PASTE_UNIT_LINES = 660  # the kernel, its wrapper and its launch path, comments included

@@ -6,7 +6,7 @@
    which on sm_75 is an integer round-to-nearest-even sequence); the same source is compiled for
    sm_75 with the same options, its PTX loaded on this GPU and launched with exactly the arguments
    Triton passed to its own build, only the function, its launch metadata and the output swapped
-   (t4_benchmark.Sm75Launch). The result must have bitsandbytes' bits: the T4's own conversion,
+   (t4_code.Sm75Launch). The result must have bitsandbytes' bits: the T4's own conversion,
    lookups and masks run on silicon. Every T4_CANDIDATES configuration and the T4's LAUNCH_CONFIGS
    entry; NaN and infinite scales too, compared bit for bit (what bitsandbytes gives is printed).
    Two known differences, asserted as exactly that: FP4's code 0b1000 is -0.0 in bitsandbytes' CUDA
@@ -29,7 +29,7 @@ import torch
 import triton
 
 import helpers
-import t4_benchmark as t4
+from benchmarks import t4_code as t4
 from reference import bits
 
 pytestmark = pytest.mark.gpu
@@ -55,7 +55,7 @@ def sm75_run(kernel, layout, config):
     launch = t4.ours(kernel, layout, out_jit, config)
     out75 = torch.empty_like(out_jit)
     out75.view(torch.uint8).fill_(0xFF)  # NaN in fp16, bf16 and fp32
-    launch.launch({id(out_jit): out75})
+    launch.into(out75)
     torch.cuda.synchronize()
     return out75, out_jit, launch.facts()
 

@@ -1,7 +1,7 @@
-"""The static T4 analysis (scripts/t4_static.py), checked on the CPU: it builds real sm_75 code,
+"""The static T4 analysis (tests/t4_static.py), checked on the CPU: it builds real sm_75 code,
 counts it consistently, sees 16-byte stores, and its verdicts and recommendation follow from its own
 numbers. Also: the committed results/t4-static/sass_mix.json is consistent with itself, covers
-T4_CANDIDATES (t4_benchmark.py) and was built from the kernel's current sm_75 code; the T4's
+T4_CANDIDATES (t4_code.py) and was built from the kernel's current sm_75 code; the T4's
 LAUNCH_CONFIGS entry is one of T4_CANDIDATES."""
 import json
 import os
@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import t4_benchmark
+from benchmarks import t4_code
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "t4_static.py"
 RESULTS = ROOT / "results" / "t4-static" / "sass_mix.json"
 
 
@@ -22,8 +21,8 @@ RESULTS = ROOT / "results" / "t4-static" / "sass_mix.json"
 def report():
     # its own process: the script replaces Triton's driver, and must not run interpreted
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--json"], capture_output=True, text=True,
-                            timeout=600, env=env)
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "t4_static.py"), "--quick", "--json"],
+                            capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -118,7 +117,7 @@ def test_recommendation_follows_its_rule(report):
 
 def _committed():
     if not RESULTS.exists():
-        pytest.fail(f"{RESULTS.relative_to(ROOT)} is missing: run python scripts/t4_static.py")
+        pytest.fail(f"{RESULTS.relative_to(ROOT)} is missing: run python tests/t4_static.py")
     return json.loads(RESULTS.read_text())
 
 
@@ -127,26 +126,26 @@ def test_committed_results_are_consistent_and_cover_t4_candidates(kernel):
     _check_recommendation(committed)
     assert {b["out"] for b in committed["builds"]} == {"fp16", "bf16"}
     built = {tuple(b["config"]) for b in committed["builds"]}
-    missing = [tuple(c) for c in t4_benchmark.t4_configs(kernel) if tuple(c) not in built]
-    assert not missing, f"T4_CANDIDATES changed since the analysis: re-run scripts/t4_static.py ({missing})"
-    assert [list(c) for c in t4_benchmark.t4_configs(kernel)] == committed["recommendation"]["current"]
+    missing = [tuple(c) for c in t4_code.t4_configs(kernel) if tuple(c) not in built]
+    assert not missing, f"T4_CANDIDATES changed since the analysis: re-run python tests/t4_static.py ({missing})"
+    assert [list(c) for c in t4_code.t4_configs(kernel)] == committed["recommendation"]["current"]
 
 
 def test_committed_results_come_from_the_current_sm75_code(report):
     # the builds made now (--quick) and the committed ones of the same configuration must be the same
-    # instructions: a change to the kernel's sm_75 code needs python scripts/t4_static.py again
+    # instructions: a change to the kernel's sm_75 code needs python tests/t4_static.py again
     committed = {(tuple(b["config"]), b["out"]): b for b in _committed()["builds"]}
     for b in report["builds"]:
         old = committed.get((tuple(b["config"]), b["out"]))
         assert old is not None, f"{b['config']} {b['out']} is not in {RESULTS.relative_to(ROOT)}"
         assert old["opcodes"] == b["opcodes"], (
             f"{b['config']} {b['out']}: the kernel's sm_75 code changed since the analysis: re-run "
-            f"python scripts/t4_static.py")
+            f"python tests/t4_static.py")
 
 
 def test_the_t4_entry_is_a_timed_candidate(kernel):
-    """LAUNCH_CONFIGS[(7, 5)] is one of T4_CANDIDATES: a configuration whose sm_75 build t4_benchmark.py
+    """LAUNCH_CONFIGS[(7, 5)] is one of T4_CANDIDATES: a configuration whose sm_75 build t4_code.py
     times and checks bit for bit, and this analysis counts."""
-    entry = kernel.LAUNCH_CONFIGS.get(t4_benchmark.T4)
-    assert entry, "LAUNCH_CONFIGS has no (7, 5) entry (python t4_benchmark.py --recommend proposes one)"
-    assert entry in t4_benchmark.t4_configs(kernel), f"{entry} is not in T4_CANDIDATES"
+    entry = kernel.LAUNCH_CONFIGS.get(t4_code.T4)
+    assert entry, "LAUNCH_CONFIGS has no (7, 5) entry (python t4_code.py --recommend proposes one)"
+    assert entry in t4_code.t4_configs(kernel), f"{entry} is not in T4_CANDIDATES"

@@ -8,8 +8,9 @@ import textwrap
 import pytest
 import torch
 
-import benchmark
+from benchmarks import headline
 import helpers
+import timing
 import report
 from tooling_data import METHODS, kernel_rows, procedure
 
@@ -328,6 +329,12 @@ def test_score_card_adds_up_shows_whole_evidence_and_fits(capsys):
     text = card.markdown()
     assert "| speedup (-3 to +5) | +3 |" in text and "| **total** (4 of 6 measured) | **6 / 14** |" in text
     assert "- **speedup (-3 to +5)**: 1.12x; fused path 0.71 s / ours 0.63 s, median of 3" in text
+    card.add_evidence("speedup", "on a T4 (not measured): forecast 1.20x - 1.50x")  # its points unchanged
+    card.add_evidence("speedup", "")  # nothing to add (a T4): nothing added
+    assert card.total() == 3 + 3 - 1 + 1
+    text = card.markdown()
+    assert ("- **speedup (-3 to +5)**: 1.12x; fused path 0.71 s / ours 0.63 s, median of 3; on a T4 (not measured): "
+            "forecast 1.20x - 1.50x") in " ".join(text.split())
     assert max(map(len, text.splitlines())) <= helpers.MAX_LINE
     assert "…" not in text and " ".join(text.split()).count(" ".join(evidence.split())) == 1  # wrapped, whole
     assert not _block_starts(text), _block_starts(text)
@@ -438,8 +445,7 @@ def test_formatted_tables_show_every_method_and_fit():
             for k in ("us", "p20_us", "p80_us")}
     cost["layer"] = "8192x2048 float16"
     texts = {"kernel": report.format_kernel_table(rows, METHODS), "procedure": report.format_procedure(result),
-             "split": report.format_time_split(result), "cost": report.format_cpu_cost(cost, METHODS),
-             "graph": benchmark.format_graph_check(rows, METHODS)}
+             "split": report.format_time_split(result), "cost": report.format_cpu_cost(cost, METHODS)}
     for name, text in texts.items():
         assert max(map(len, text.splitlines())) <= helpers.MAX_LINE, name
     assert all(helpers.METHODS[m].column in texts["kernel"] for m in METHODS) and "copy ceiling" in texts["kernel"]
@@ -447,7 +453,6 @@ def test_formatted_tables_show_every_method_and_fit():
     assert "| 8192x2048 fp16 | 13.00 | 14.04 (1.08x) | 24.70 (1.90x) | 24.96 (1.92x) | 12.09 |" in texts["kernel"]
     assert texts["kernel"].count("\n|") == 2 + len(rows), "one table: its header, its rule and a row per shape"
     assert "| 2638 | 93.0% |" in texts["kernel"]
-    assert "| 8192x2048 fp16 | 14.00 | 15.04 | no capture | 25.96 | 13.09 |" in texts["graph"]  # benchmark.py's
     fused, ratios = result["unsloth_fused"], helpers.round_ratios(result, "unsloth_fused")
     assert "| method | seconds, median | min - max | speedup, median | min - max |" in texts["procedure"]
     assert (f"| unsloth fused | {fused['median_s']:.4f} | {fused['min_s']:.4f} - {fused['max_s']:.4f} | "
@@ -466,7 +471,7 @@ def test_host_time_table_calls_its_reference_no_floor():
     text = report.format_cpu_cost(dict(cost, layer="8192x2048 float16"), ["ours"])
     assert "floor" not in text.lower() and "| call | µs, median | p20 - p80 | / reference |" in text
     assert "| ours | 18.00 | 17.10 - 18.90 | 0.80x |" in text  # below the reference: it is no lower bound
-    assert helpers.LAUNCH_REFERENCE_METHOD in " ".join(text.split())
+    assert timing.LAUNCH_REFERENCE_METHOD in " ".join(text.split())
     assert max(map(len, text.splitlines())) <= helpers.MAX_LINE
 
 
@@ -532,7 +537,7 @@ def _forecast_env(gpu="Synthetic GPU", capability="9.0"):
 
 def test_the_t4_forecast_reads_as_a_forecast_and_fits():
     result = procedure()
-    forecast = helpers.t4_forecast(result, 3000.0)
+    forecast = timing.t4_forecast(result, 3000.0)
     text = report.format_t4_forecast(forecast, _forecast_env())
     flat = " ".join(text.split())
     assert "T4 forecast, not a measurement" in flat and "Emulated" not in flat
@@ -547,12 +552,16 @@ def test_the_t4_forecast_reads_as_a_forecast_and_fits():
     assert f"ours {error['model_s']:.3f} s for {error['measured_s']:.3f} s ({error['error']:+.1%})" in flat
     assert "3.91 s on a Colab T4 (2026, huseyincavusbi/unsloth_puzzles)" in flat
     assert "3.914 s on a Modal T4 (2025-11, Sohailm25/unsloth_challenges)" in flat
-    forecast["emulated"] = {"what": helpers.EMULATION_METHOD, "cycles_per_us": 1755.0, "pad_us": [160.2, 40.1, 560.7],
-                            "rounds": 1, "seconds": {"ours": 2.78, "unsloth_fused": 3.47},
-                            "ratios": {"unsloth_fused": 3.47 / 2.78}}
+    forecast["emulated"] = {"what": timing.EMULATION_METHOD, "cycles_per_us": 1755.0, "pad_us": [160.2, 40.1, 560.7],
+                            "rounds": 3, "round_seconds": {"ours": [2.70, 2.78, 2.90], "unsloth_fused": [3.40, 3.47, 3.50]},
+                            "seconds": {"ours": 2.78, "unsloth_fused": 3.47}, "ratios": {"unsloth_fused": 3.47 / 2.78},
+                            "ratio_range": {"unsloth_fused": [3.40 / 2.90, 3.50 / 2.70]},
+                            "spread": {"ours": 2.90 / 2.70 - 1, "unsloth_fused": 3.50 / 3.40 - 1}}
     flat = " ".join(report.format_t4_forecast(forecast, _forecast_env()).split())
-    assert ("Emulated on Synthetic GPU: each call padded to a T4's GPU time for its bytes" in flat
-            and "160, 40, 561 µs a call" in flat and "ours 2.78 s, unsloth fused 3.47 s (1.25x)" in flat)
+    assert ("Emulated on Synthetic GPU, not measured on a T4**: each call padded to a T4's GPU time for its bytes" in flat
+            and "160, 40, 561 µs a call" in flat and "the procedure in 3 rounds, the order rotated" in flat)
+    assert "ours 2.78 s, unsloth fused 3.47 s (1.25x, 1.17x - 1.30x)" in flat
+    assert "so the spread between rounds is this host's time per call: ours 7.4%, unsloth fused 2.9%" in flat
     del forecast["emulated"]
     on_a_t4 = " ".join(report.format_t4_forecast(forecast, _forecast_env("Tesla T4", "7.5")).split())
     assert "This GPU is a T4: the procedure above is the measurement" in on_a_t4

@@ -1,5 +1,5 @@
 """The notebook's install cell and helpers.install_missing, which it hands the install to, run in a fresh
-interpreter: the cell fetches helpers.py, report.py and model_patch.py (naming the fix when it cannot),
+interpreter: the cell fetches helpers.py, timing.py, report.py and model_patch.py (naming the fix when it cannot),
 stays short, and
 helpers.py installs only what is missing, never torch or triton, pins what the requirements pin and says
 what it did in one line, naming the version of a package copied in without metadata. helpers.py imports
@@ -22,7 +22,7 @@ NOTEBOOK = ROOT / "Unsloth_Puzzles_NF4.ipynb"
 PLACEHOLDER_URL = "https://raw.githubusercontent.com/REPO_OWNER/REPO_NAME/main/helpers.py"
 WHERE = torch.cuda.get_device_name() if GPU else "no GPU"
 MAX_CELL_LINES = 25  # issue 32: the cell fetches FETCHED; helpers.py does the rest
-FETCHED = ("helpers.py", "report.py", "model_patch.py")  # the repository's files the notebook imports
+FETCHED = ("helpers.py", "timing.py", "report.py", "model_patch.py")  # the repository's files the notebook imports
 NO_GPU_NOTE = "No GPU: kernels run in Triton's interpreter; timings and unsloth's baseline need a GPU."
 
 
@@ -308,9 +308,9 @@ def test_install_cell_says_why_pip_failed_and_on_kaggle_what_to_turn_on(tmp_path
 
 
 @pytest.mark.parametrize("url, message", [
-    (PLACEHOLDER_URL, "helpers.py, report.py, model_patch.py not next to this notebook and HELPERS_URL still "
+    (PLACEHOLDER_URL, "helpers.py, timing.py, report.py, model_patch.py not next to this notebook and HELPERS_URL still "
                       "holds the placeholder: run scripts/publish.sh OWNER/NAME after pushing, or upload "
-                      "helpers.py, report.py, model_patch.py next to the notebook."),
+                      "helpers.py, timing.py, report.py, model_patch.py next to the notebook."),
     ("file:///nonexistent/helpers.py", "Could not fetch helpers.py from file:///nonexistent/helpers.py ("),
 ])
 def test_install_cell_names_the_fix_when_helpers_py_is_missing(tmp_path, url, message):
@@ -321,16 +321,16 @@ def test_install_cell_names_the_fix_when_helpers_py_is_missing(tmp_path, url, me
 
 
 def test_install_cell_names_the_file_it_could_not_fetch_and_the_fix(tmp_path):
-    # helpers.py and report.py served, model_patch.py not: the cell stops at model_patch.py, naming every file
+    # helpers.py, timing.py and report.py served, model_patch.py not: the cell stops at model_patch.py, naming every file
     served = tmp_path / "served"
     served.mkdir()
-    for name in ("helpers.py", "report.py"):
+    for name in ("helpers.py", "timing.py", "report.py"):
         shutil.copy(ROOT / name, served)
     result, calls = run_install_cell(tmp_path, helpers=False, env={"NF4_HELPERS_URL": (served / "helpers.py").as_uri()})
     assert result.returncode != 0 and calls == []
     url = (served / "model_patch.py").as_uri()
     assert f"RuntimeError: Could not fetch model_patch.py from {url} (" in result.stderr
-    assert ("upload the repository's helpers.py, report.py, model_patch.py next to this notebook."
+    assert ("upload the repository's helpers.py, timing.py, report.py, model_patch.py next to this notebook."
             in result.stderr)
     assert not (tmp_path / "work" / "model_patch.py").exists()
 
@@ -346,7 +346,7 @@ def test_install_cell_fetches_its_files_from_beside_the_url_and_says_so_within_a
         assert (tmp_path / "work" / name).read_bytes() == (ROOT / name).read_bytes()
     said = result.stdout if GPU else result.stdout.replace(NO_GPU_NOTE + "\n", "")
     assert said.startswith(f"local Python ({WHERE}): nothing to install")
-    assert " ".join(said.split()).endswith("; fetched helpers.py, report.py, model_patch.py")
+    assert " ".join(said.split()).endswith("; fetched helpers.py, timing.py, report.py, model_patch.py")
     assert all(len(line) <= helpers.MAX_LINE for line in result.stdout.splitlines())
 
 

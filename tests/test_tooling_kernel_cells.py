@@ -1,4 +1,4 @@
-"""tests/kernel_cells.py, the loader of the notebook's kernel cells for tests and scripts: the module
+"""benchmarks/cells.py, the loader of the notebook's kernel cells for commands and tests: the module
 is importable by name, its source file lives as long as it does, and a failing cell leaves nothing."""
 import json
 import subprocess
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from kernel_cells import load_kernel_cells
+from benchmarks.cells import load_kernel_cells
 
 
 def _write_notebook(path, source, tagged=True):
@@ -26,7 +26,7 @@ def test_load_kernel_cells_removes_its_source_file_at_exit(tmp_path):
         import inspect, sys
         from pathlib import Path
         sys.path.insert(0, {str(ROOT / "tests")!r})
-        from kernel_cells import load_kernel_cells
+        from benchmarks.cells import load_kernel_cells
         module = load_kernel_cells(Path({str(notebook)!r}), "cells_for_a_test")
         assert sys.modules["cells_for_a_test"] is module  # torch.compile imports kernels by module name
         assert module.answer() == 42 and "return 42" in inspect.getsource(module.answer)

@@ -238,7 +238,7 @@ def test_the_t4_heatmap_has_a_labelled_colour_bar_and_dark_cells(monkeypatch, tm
         pytest.skip(f"no {path.name}")
     closed = []
     monkeypatch.setattr(plt, "close", closed.append)
-    t4_benchmark.plot(json.loads(path.read_text()), tmp_path / "t4.png")
+    t4_code.plot(json.loads(path.read_text()), tmp_path / "t4.png")
     fig = closed[0]
     colorbars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
     assert len(colorbars) == 1 and colorbars[0].get_ylabel() == "unsloth's sm_75 time / ours"

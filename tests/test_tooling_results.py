@@ -1,149 +1,179 @@
-"""Result files and what is made from them without a GPU: results name their clocks and print relative
-paths; the README's and the notebook's headline tables are what the results files give; committed
-outputs name no machine paths; the README's commands are what CI runs."""
+"""Result files and what is made from them without a GPU: results name their clocks and the cells that made
+them, and print relative paths; the README's and the notebook's headline blocks are what the results files
+give; every number the README's prose states is a result file's; committed outputs name no machine paths;
+the README's commands are what CI runs."""
 import json
 import re
 
 import pytest
 import torch
 
-import benchmark
+from benchmarks import headline
 import helpers
+import timing
 import report
 from conftest import ROOT
 from tooling_data import METHODS, kernel_rows
 from tooling_data import procedure as make_procedure
 
 
-def test_write_results_names_its_clocks_and_prints_a_relative_path(tmp_path, monkeypatch):
+def test_write_results_names_its_clocks_and_cells_and_prints_a_relative_path(tmp_path, monkeypatch):
     monkeypatch.setattr(helpers, "ROOT", tmp_path)
     (tmp_path / "results" / "x").mkdir(parents=True)
-    shown = helpers.write_results(tmp_path / "results" / "x" / "r.json", {"gpu": "Synthetic GPU"}, kernel=kernel_rows())
+    env = {"gpu": "Synthetic GPU", "paste_unit_sha256": "ab" * 32}
+    shown = helpers.write_results(tmp_path / "results" / "x" / "r.json", env, timing.MEASUREMENT, kernel=kernel_rows())
     assert shown == "results/x/r.json"
     written = json.loads((tmp_path / shown).read_text())
     assert written["kernel"][1]["bnb_us"] == kernel_rows()[1]["bnb_us"]
-    assert written["measurement"]["kernel"] == helpers.GPU_TIME_METHOD
-    assert written["measurement"]["floor"] == helpers.LAUNCH_REFERENCE_METHOD
-    helpers.write_results(tmp_path / "g.json", {}, measurement={**helpers.MEASUREMENT, "graph": "replay"})
-    assert json.loads((tmp_path / "g.json").read_text())["measurement"]["graph"] == "replay"  # benchmark.py's
+    assert written["measurement"]["kernel"] == timing.GPU_TIME_METHOD
+    assert written["measurement"]["floor"] == timing.LAUNCH_REFERENCE_METHOD
+    assert written["environment"]["paste_unit_sha256"] == "ab" * 32
+    with pytest.raises(ValueError, match="paste_unit_sha256"):  # a result file always names its cells
+        helpers.write_results(tmp_path / "g.json", {"gpu": "Synthetic GPU"}, timing.MEASUREMENT)
+    assert not (tmp_path / "g.json").exists()
     assert helpers.shown_path(tmp_path.parent / "elsewhere.json") == "elsewhere.json"
 
 
+def test_the_cells_hash_is_the_same_from_the_notebook_and_from_the_cells_that_ran(kernel):
+    # benchmarks/cells.py hashes the committed cells; helpers.paste_unit_sha256 the source the cells ran from
+    from benchmarks.cells import notebook_paste_unit_sha256
+    assert helpers.paste_unit_sha256(vars(kernel)) == notebook_paste_unit_sha256()
+    assert helpers.environment(vars(kernel))["paste_unit_sha256"] == notebook_paste_unit_sha256()
+
+
 # ---------------------------------------------------------------------------------------------
-# The headline tables come from the results files
+# The headline block comes from the results files
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("where", ["readme", "notebook"])
 def test_headline_is_what_the_results_files_give(where):
-    source, body = benchmark.current_headline(where)
-    assert body == benchmark.headline(source, where), (
-        f"the {where}'s headline differs from {source}: run `python benchmark.py --headline`")
+    source, body = headline.current_headline(where)
+    assert body == headline.block(source, where), (
+        f"the {where}'s headline differs from {source}: run `python -m benchmarks.headline {source}`")
 
 
-EMULATED = {"what": helpers.EMULATION_METHOD, "cycles_per_us": 1755.0, "pad_us": [160.0, 40.0, 560.0], "rounds": 1,
+EMULATED = {"what": timing.EMULATION_METHOD, "cycles_per_us": 1755.0, "pad_us": [160.0, 40.0, 560.0], "rounds": 3,
+            "round_seconds": {"ours": [2.70, 2.78, 2.81], "unsloth_fused": [3.40, 3.47, 3.52],
+                              "unsloth_classic": [3.10, 3.21, 3.30]},
             "seconds": {"ours": 2.78, "unsloth_fused": 3.47, "unsloth_classic": 3.21},
-            "ratios": {"unsloth_fused": 3.47 / 2.78, "unsloth_classic": 3.21 / 2.78}}
+            "ratios": {"unsloth_fused": 1.25, "unsloth_classic": 1.15},
+            "ratio_range": {"unsloth_fused": [1.22, 1.27], "unsloth_classic": [1.12, 1.18]},
+            "spread": {"ours": 0.04, "unsloth_fused": 0.035, "unsloth_classic": 0.065}}
+ENV = {"gpu": "Synthetic GPU", "capability": "9.0", "driver": "1", "torch": "2", "triton": "3", "bitsandbytes": "4",
+       "unsloth": "5", "date": "today"}
 
 
-def _results_dir(tmp_path, with_split):
-    env = {"gpu": "Synthetic GPU", "driver": "1", "torch": "2", "triton": "3", "bitsandbytes": "4",
-           "unsloth": "5", "date": "today"}
+def _results_dir(tmp_path, env=ENV):
     procedure = make_procedure()
-    if not with_split:
-        for result in procedure.values():
-            del result["cases"]
-    results = {"environment": env, "procedure": procedure, "kernel": kernel_rows()}
-    if with_split:
-        results["measurement"] = {"kernel": helpers.GPU_TIME_METHOD}
-        results["cpu_cost"] = {f"{m}_us": 10.0 + 5 * i for i, m in enumerate([*METHODS, "floor"])}
-        results["t4_forecast"] = dict(helpers.t4_forecast(procedure, 3000.0), emulated=EMULATED)
+    results = {"environment": env, "procedure": procedure, "kernel": kernel_rows(), "device_copy_gbs": 4000.0,
+               "score": {"total": 14, "max": 14}}
+    results["t4_forecast"] = dict(timing.t4_forecast(procedure, 3000.0), emulated=EMULATED)
     (tmp_path / "notebook.json").write_text(json.dumps(results))
     return str(tmp_path)
 
 
-def test_headline_from_gpu_time_results(tmp_path):
-    source = _results_dir(tmp_path, with_split=True)
-    summary, text = benchmark.headline(source, "notebook"), benchmark.headline(source, "readme")
-    assert text.startswith(summary), "the README's headline starts with the notebook's summary"
-    procedure, rows = make_procedure(), kernel_rows()
-    fused = helpers.round_ratios(procedure, "unsloth_fused")
-    assert f"**{report.format_ratio(fused)}** unsloth `fast_dequantize` (fused Triton, default)" in summary
-    assert "**On a T4, a forecast, not a measurement**" in summary and "emulated on this GPU" in summary
-    assert "|" not in summary, "the notebook's summary holds no table"
-    for base in METHODS[1:]:
-        r = helpers.round_ratios(procedure, base)
-        assert (f"{procedure[base]['median_s']:.3f}, **{r['median']:.2f}x** ({r['min']:.2f}–{r['max']:.2f}x "
-                "over 5 rounds)") in text
-    means = [report.mean_split(procedure[m]["cases"]) for m in METHODS]
-    assert ("| one call in the procedure's loop, µs: wall = issue + wait (GPU time beside, not in the sum) | "
-            + " | ".join(f"{s['wall_us']:.1f} = {s['issue_us']:.1f} + {s['wait_us']:.1f} (GPU {s['gpu_us']:.1f})"
-                         for s in means) + " |") in text
-    saved = report.saved_split(procedure, "unsloth_fused")
-    assert (f"of the {saved['wall_us']:.1f} µs saved per call in the procedure's loop, {saved['issue_us']:.1f} µs is "
-            f"issue (the call until it returns) and {saved['wait_us']:.1f} µs wait") in text
-    forecast = helpers.t4_forecast(procedure, 3000.0)
-    (row,) = [line for line in text.splitlines() if line.startswith("| **T4 forecast, not a measurement**")]
-    ours, fused = forecast["seconds"]["ours"], forecast["seconds"]["unsloth_fused"]
-    ratio = forecast["ratios"]["unsloth_fused"]
-    assert row.split(" | ")[1:3] == [f"{min(ours):.2f}–{max(ours):.2f}",
-                                     f"{min(fused):.2f}–{max(fused):.2f}, {min(ratio):.2f}–{max(ratio):.2f}x"]
-    (row,) = [line for line in text.splitlines() if line.startswith("| emulated on this GPU, s")]
-    assert row.endswith("| 2.78 | 3.47 (1.25x) | 3.21 (1.15x) |  |")  # bnb: not emulated (the classic path's kernels)
-    worst = max(abs(e["error"]) for e in forecast["model_error"].values())
-    assert f"within {worst:.1%} of this run's procedure times" in text and "forecast, never a measurement" in text
-    assert "3.91 s on a Colab T4" in " ".join(text.split())
-    assert "CUPTI" in text and "do_bench" not in text
-    assert "| kernel only, 4096x1024 bf16, µs |" in text
-    kernel_ratios = [r["unsloth_fused_us"] / r["ours_us"] for r in rows]
-    assert f"kernel ratios {min(kernel_ratios):.2f}x to {max(kernel_ratios):.2f}x" in text
-    assert "What a T4 should give" in text and "the outputs committed here" in text
-    assert "Score card" not in text and "Peak GPU memory" not in text  # no score card, no memory
-    assert "multiple of this GPU's floor" not in text  # no copy bandwidth in these results
-    t4_s = helpers.procedure_bytes() / 1e9 / helpers.T4_COPY_GBS
-    assert f"601 GB / {helpers.T4_COPY_GBS} GB/s = {t4_s:.2f} s" in text  # what a T4 should give: arithmetic
-    results = json.loads((tmp_path / "notebook.json").read_text())
-    results.update(score={"total": 13, "max": 14, "run_all_s": 300.0}, peak_memory_gib=3.665,
-                   device_copy_gbs=4000.0)
-    (tmp_path / "notebook.json").write_text(json.dumps(results))
-    text = benchmark.headline(source, "readme")
-    assert "Score card 13 / 14; Run all took 5.0 minutes." in text
-    assert "Peak GPU memory allocated: 3.67 GiB" in text
+def test_the_readme_block_names_where_and_by_which_cells_then_tabulates_the_procedure(tmp_path):
+    source = _results_dir(tmp_path)
+    text, summary = headline.block(source, "readme"), headline.block(source, "notebook")
+    first = text.splitlines()[0]
+    assert first.startswith("Measured on an **Synthetic GPU**, today (driver 1, torch 2, triton 3, bitsandbytes 4,")
+    assert "by kernel cells the file does not name" in first and first.endswith("Score card 14 / 14.")
+    procedure = make_procedure()
+    for name in METHODS:
+        ratio = ""
+        if name != "ours":
+            r = helpers.round_ratios(procedure, name)
+            median = f"**{r['median']:.2f}x**" if name == "unsloth_fused" else f"{r['median']:.2f}x"
+            ratio = f"{median} ({r['min']:.2f}–{r['max']:.2f}x)"
+        assert f"| {helpers.METHODS[name].name} | {procedure[name]['median_s']:.3f} | {ratio} |" in text
     floor_s = helpers.procedure_bytes() / 1e9 / 4000.0
-    assert (f"| the procedure as a multiple of this GPU's floor (its device copy: 601 GB / 4000 GB/s = {floor_s:.3f} s) | "
-            + " | ".join(f"{procedure[m]['median_s'] / floor_s:.2f}x" for m in METHODS) + " |") in text
+    assert (f"- The floor: the procedure moves 601 GB / 4000 GB/s = {floor_s:.3f} s at this GPU's copy bandwidth; "
+            f"ours takes {procedure['ours']['median_s'] / floor_s:.2f}x that.") in text
+    ratios = [row["unsloth_fused_us"] / row["ours_us"] for row in kernel_rows()]
+    assert f"unsloth's fused kernel takes {min(ratios):.2f}x to {max(ratios):.2f}x ours" in text
+    low, high = timing.t4_forecast(procedure, 3000.0)["ratio_range"]["unsloth_fused"]
+    assert (f"- On a T4, not measured here: forecast {low:.2f}x–{high:.2f}x the fused path; emulated on this GPU "
+            "1.25x (1.22–1.27x over 3 rounds); its floor 601 GB / 240 GB/s = 2.51 s.") in text
+    assert "|" not in summary and summary.splitlines()[0] == first  # the notebook's: no table
+    assert all(line in text for line in summary.splitlines())
 
 
-def test_headline_from_older_results_names_their_clock(tmp_path):
-    text = benchmark.headline(_results_dir(tmp_path, with_split=False), "readme")
-    assert "do_bench" in text and "host time can leak in" in text
-    assert "saved per call" not in text and "What a T4 should give" in text
-    assert "T4 forecast" not in text and "emulated" not in text and "wall = issue + wait" not in text
+def test_a_t4_folder_reads_measured_on_a_tesla_t4_with_no_forecast(tmp_path):
+    source = _results_dir(tmp_path, dict(ENV, gpu="Tesla T4", capability="7.5"))
+    text = headline.block(source, "readme")
+    assert text.startswith("Measured on a **Tesla T4**, today")
+    assert "forecast" not in text and "emulated" not in text and "On a T4" not in text
 
 
-def test_headline_from_results_with_the_older_split_skips_the_new_rows(tmp_path):
-    # files written before issue 32: wall_us from the procedure, GPU and host time apart, no issue or wait
-    source = _results_dir(tmp_path, with_split=True)
-    results = json.loads((tmp_path / "notebook.json").read_text())
-    del results["t4_forecast"]
-    for result in results["procedure"].values():
-        for case in result["cases"]:
-            for key in ("issue_us", "wait_us", "split_calls", "split_rounds", "procedure_us"):
-                del case[key]
-            case["host_us"] = 9.0
-    (tmp_path / "notebook.json").write_text(json.dumps(results))
-    text = benchmark.headline(source, "readme")
-    assert "wall = issue + wait" not in text and "T4 forecast" not in text and "saved per call" not in text
-    assert "On this GPU the procedure ratio against the fused path is" in text and "What a T4 should give" in text
+def test_the_block_says_which_cells_made_its_file(tmp_path):
+    from benchmarks.cells import notebook_paste_unit_sha256
+    committed = notebook_paste_unit_sha256()
+    text = headline.block(_results_dir(tmp_path, dict(ENV, paste_unit_sha256=committed)), "readme")
+    assert "by the committed cells" in text.splitlines()[0]
+    text = headline.block(_results_dir(tmp_path, dict(ENV, paste_unit_sha256="0123456789ab" + "0" * 52)), "readme")
+    assert "by other cells than the committed ones (paste unit sha256 0123456789ab)" in text.splitlines()[0]
 
 
 def test_write_headline_needs_its_markers(tmp_path, monkeypatch):
     readme = tmp_path / "README.md"
     readme.write_text("# no markers here\n")
-    monkeypatch.setattr(benchmark, "README", readme)
+    monkeypatch.setattr(headline, "README", readme)
     with pytest.raises(LookupError, match="headline:start"):
-        benchmark.write_headline()
+        headline.write_headline()
     assert readme.read_text() == "# no markers here\n"
-    with pytest.raises(LookupError, match="not a results directory of this repository"):
-        benchmark.write_headline(_results_dir(tmp_path, with_split=True))
+    with pytest.raises(LookupError, match="not a results folder of this repository"):
+        headline.write_headline(_results_dir(tmp_path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Every number the README's Results prose states is a result file's
+# ---------------------------------------------------------------------------------------------
+STATED = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s?(x|s|µs|ms|GB/s|GiB|%)(?![\w/])")
+
+
+def _leaves(value):
+    if isinstance(value, bool):
+        return
+    if isinstance(value, (int, float)):
+        yield float(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _leaves(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _leaves(item)
+
+
+def _derived(results: dict):
+    """What the README may state of a notebook.json beyond its own numbers: the procedure's ratios round by round
+    and of its medians, the kernel table's ratios, the floor and ours over it."""
+    procedure = results.get("procedure", {})
+    for name in procedure:
+        if name != "ours":
+            yield from helpers.round_ratios(procedure, name).values()
+            yield procedure[name]["median_s"] / procedure["ours"]["median_s"]
+    for row in results.get("kernel", []):
+        yield from (row[key] / row["ours_us"] for key in row if key.endswith("_us") and "_p" not in key)
+    if results.get("device_copy_gbs") and procedure:
+        floor_s = helpers.procedure_bytes() / 1e9 / results["device_copy_gbs"]
+        yield floor_s
+        yield from (result["median_s"] / floor_s for result in procedure.values())
+
+
+def test_every_number_the_readme_results_prose_states_is_a_result_files():
+    readme = (ROOT / "README.md").read_text()
+    source, block = headline.current_headline("readme")
+    results_text = readme.split("## Results", 1)[1].split("\n## ", 1)[0].replace(block, "")
+    values = [timing.T4_COPY_GBS, report.PUZZLE_TARGET, helpers.procedure_bytes() / 1e9 / timing.T4_COPY_GBS]
+    for path in sorted((ROOT / "results").glob("*/*.json")):
+        results = json.loads(path.read_text())
+        values += [*_leaves(results), *_derived(results)]
+    stated = STATED.findall(results_text)
+    assert stated, "the Results prose states no number"
+    for number, unit in stated:
+        decimals = len(number.split(".")[1]) if "." in number else 0
+        scale = 100 if unit == "%" else 1
+        assert any(round(value * scale, decimals) == float(number) for value in values), (
+            f"the README states {number} {unit}, which no result file gives")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,14 +210,3 @@ def test_readme_commands_are_what_ci_runs():
     assert "bash scripts/run.sh" in first_lines and "bash scripts/test.sh" in first_lines
     assert (ROOT / "scripts" / "test.sh").exists() and (ROOT / "scripts" / "run.sh").exists()
     assert "bash scripts/run.sh" in readme
-
-
-def test_headline_columns_are_the_baselines_only(tmp_path):
-    results = {"environment": {"gpu": "Synthetic GPU", "driver": "1", "torch": "2", "triton": "3",
-                               "bitsandbytes": "4", "unsloth": "5", "date": "today"},
-               "procedure": dict(make_procedure(), ours_via_triton=make_procedure()["ours"]), "kernel": kernel_rows(),
-               "measurement": {"kernel": helpers.GPU_TIME_METHOD}}
-    (tmp_path / "notebook.json").write_text(json.dumps(results))
-    text = benchmark.headline(str(tmp_path), "readme")
-    assert "| | " + " | ".join(helpers.METHODS[m].name for m in METHODS) + " |" in text
-    assert "Triton's own launch" not in text and "fast launch" not in text

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import helpers
-from helpers import DeviceEvent, FLUSH_KERNEL
+import timing
+from timing import DeviceEvent, FLUSH_KERNEL
 
 
 def _busy_wait(seconds):
@@ -30,7 +31,7 @@ def test_calls_between_flushes_groups_each_calls_gpu_operations():
               flush(10.0), kernel(41.0, 2.0, "absmax"), kernel(44.0, 1.5, "offset"), kernel(47.0, 9.0, "weights"),
               flush(60.0), kernel(91.0, 12.5, "fused"),
               flush(110.0), kernel(150.0, 4.0, "after the last flush")]
-    calls = helpers.calls_between_flushes(reversed(events))  # any order: sorted by start
+    calls = timing.calls_between_flushes(reversed(events))  # any order: sorted by start
     assert [[e.name for e in call] for call in calls] == [["absmax", "offset", "weights"], ["fused"]]
     assert [sum(e.end_us - e.start_us for e in call) for call in calls] == [2.0 + 1.5 + 9.0, 12.5]
 
@@ -39,23 +40,23 @@ def test_a_call_that_launched_nothing_is_an_error():
     events = [DeviceEvent(0.0, 1.0, FLUSH_KERNEL), DeviceEvent(2.0, 3.0, FLUSH_KERNEL),
               DeviceEvent(4.0, 5.0, "k"), DeviceEvent(6.0, 7.0, FLUSH_KERNEL)]
     with pytest.raises(ValueError, match="no GPU work"):
-        helpers.calls_between_flushes(events)
+        timing.calls_between_flushes(events)
 
 
 def test_timing_statistics_are_numpys_percentiles():
     samples = list(numpy.random.default_rng(3).gamma(2.0, 5.0, size=137))
-    timing = helpers.Timing.of(samples, kernels=3)
-    assert timing.median_us == pytest.approx(numpy.percentile(samples, 50))
-    assert timing.p20_us == pytest.approx(numpy.percentile(samples, 20))
-    assert timing.p80_us == pytest.approx(numpy.percentile(samples, 80))
-    assert (timing.samples, timing.kernels) == (137, 3)
-    assert timing.gbs(2e6) == pytest.approx(2e6 / (timing.median_us * 1e-6) / 1e9)
+    measured = timing.Timing.of(samples, kernels=3)
+    assert measured.median_us == pytest.approx(numpy.percentile(samples, 50))
+    assert measured.p20_us == pytest.approx(numpy.percentile(samples, 20))
+    assert measured.p80_us == pytest.approx(numpy.percentile(samples, 80))
+    assert (measured.samples, measured.kernels) == (137, 3)
+    assert measured.gbs(2e6) == pytest.approx(2e6 / (measured.median_us * 1e-6) / 1e9)
 
 
 def test_host_time_measures_the_host():
-    timing = helpers.host_time(lambda: _busy_wait(200e-6), calls=50)
-    assert 200 <= timing.median_us < 2000
-    assert timing.p20_us <= timing.median_us <= timing.p80_us
+    measured = timing.host_time(lambda: _busy_wait(200e-6), calls=50)
+    assert 200 <= measured.median_us < 2000
+    assert measured.p20_us <= measured.median_us <= measured.p80_us
 
 
 class FakeMachine:
@@ -113,7 +114,7 @@ def test_the_call_split_adds_up_and_keeps_gpu_time_beside():
                "bnb": machine.method("bnb", 30e-6, 2e-6, gpu_us=7.0)}
     procedure = {name: {"median_s": 1.0, "cases": [{"calls": 3000} for _ in helpers.PROCEDURE_CASES]}
                  for name in methods}
-    helpers.add_call_split(procedure, methods, build_case, rounds=rounds, iterations=iterations,
+    timing.add_call_split(procedure, methods, build_case, rounds=rounds, iterations=iterations,
                            synchronize=machine.synchronize, clock=machine.clock, profile=machine.profile)
     assert built == list(helpers.PROCEDURE_CASES)
     for name, issue_us, wait_us, gpu_us in (("ours", 10.0, 5.0, 1000.0), ("bnb", 30.0, 2.0, 7.0)):
@@ -139,7 +140,7 @@ def test_timed_calls_runs_the_procedures_loop_in_its_order():
         machine.pending_wait = 1e-6
         return torch.empty(2, 3)
 
-    issue_s, wait_s = helpers.timed_calls(dequantize, layers, 2, machine.synchronize, machine.clock)
+    issue_s, wait_s = timing.timed_calls(dequantize, layers, 2, machine.synchronize, machine.clock)
     assert order == ["up", "gate", "down"] * 2
     assert issue_s == pytest.approx(6 * 3e-6) and wait_s == pytest.approx(6 * 1e-6)
     assert machine.now == pytest.approx(issue_s + wait_s)
@@ -156,7 +157,7 @@ def test_the_t4_forecast_on_a_fixed_input():
                                                       _split_case(1000, 12.0, 4.0, 6.0)]},
                  "unsloth_fused": {"median_s": 0.29, "cases": [_split_case(3000, 50.0, 30.0, 16.0),
                                                                _split_case(1000, 40.0, 10.0, 5.0)]}}
-    forecast = helpers.t4_forecast(procedure, 2400.0, host_factors=(1, 2, 3), t4_gbs=240)
+    forecast = timing.t4_forecast(procedure, 2400.0, host_factors=(1, 2, 3), t4_gbs=240)
     # ours, f = 1: (10 + 150 + 5) x 3000 + (12 + 60 + 0) x 1000 = 567000 µs; f = 2: 175 and 84; f = 3: 185 and 96
     assert forecast["seconds"]["ours"] == pytest.approx([0.567, 0.609, 0.651])
     # fused: (50 + 160 + 14) x 3000 + (40 + 50 + 5) x 1000 = 767000 µs; then 274 and 135; 324 and 175
@@ -178,7 +179,7 @@ def test_the_t4_forecast_on_a_fixed_input():
 def test_no_forecast_without_the_split():
     older = {"ours": {"median_s": 0.3, "cases": [{"calls": 3000, "wall_us": 30.0, "gpu_us": 12.0, "host_us": 9.0}]},
              "bnb": {"median_s": 0.7}}
-    assert helpers.t4_forecast(older, 3000.0) is None
+    assert timing.t4_forecast(older, 3000.0) is None
 
 
 def _quant_layer(out_features, in_features, dtype):
@@ -200,7 +201,7 @@ def test_the_emulation_pads_each_call_by_its_bytes_alike_for_every_method():
         return helpers.procedure_result(seconds, iterations=1000)
 
     methods = {name: (lambda layer, name=name: name) for name in seconds_per_case}
-    emulated = helpers.emulate_t4(test_dequantize, methods, None, copy_gbs=480.0, rounds=2, cycles_per_us=1000.0,
+    emulated = timing.emulate_t4(test_dequantize, methods, None, copy_gbs=480.0, rounds=2, cycles_per_us=1000.0,
                                   sleep=slept.append)
     assert run == [["ours", "unsloth_fused", "unsloth_classic"]]  # bnb: the classic path runs its kernels
     # 8192x2048 fp16: 8388608 packed + 262144 absmax + 33554432 written + 4096 absmax2 bytes = 42209280; at
@@ -211,8 +212,14 @@ def test_the_emulation_pads_each_call_by_its_bytes_alike_for_every_method():
     assert slept == [round(b / 480e3 * 1000) for b in n_bytes] * 3  # the same padding for every method
     assert emulated["seconds"] == pytest.approx({"ours": 3.0, "unsloth_fused": 3.75, "unsloth_classic": 4.5})
     assert emulated["ratios"] == pytest.approx({"unsloth_fused": 1.25, "unsloth_classic": 1.5})
-    assert emulated["rounds"] == 2 and emulated["what"] == helpers.EMULATION_METHOD
-    assert helpers.t4_pad_us(1 << 20, torch.float16, copy_gbs=200.0) == 0.0  # no faster than a T4: no padding
+    assert emulated["rounds"] == 2 and emulated["what"] == timing.EMULATION_METHOD
+    # each method's seconds round by round, the ratio's range over the rounds, each method's spread
+    assert {name: list(map(round, s, [2] * 2)) for name, s in emulated["round_seconds"].items()} == {
+        "ours": [3.0, 3.0], "unsloth_fused": [3.75, 3.75], "unsloth_classic": [4.5, 4.5]}
+    assert {name: [round(r, 2) for r in range_] for name, range_ in emulated["ratio_range"].items()} == {
+        "unsloth_fused": [1.25, 1.25], "unsloth_classic": [1.5, 1.5]}
+    assert emulated["spread"] == pytest.approx({"ours": 0.0, "unsloth_fused": 0.0, "unsloth_classic": 0.0})
+    assert timing.t4_pad_us(1 << 20, torch.float16, copy_gbs=200.0) == 0.0  # no faster than a T4: no padding
 
 
 def test_a_t4_is_known_by_its_capability_or_its_name():
@@ -246,8 +253,8 @@ def test_the_procedures_bytes_are_601_gb():
                    for _, _, hd, m, _, _ in helpers.PROCEDURE_CASES)
     assert helpers.procedure_bytes() == pytest.approx(expected, rel=1e-9)
     assert round(helpers.procedure_bytes() / 1e9) == 601
-    assert helpers.T4_COPY_GBS == 240  # a T4's device-to-device copy (CUDA's bandwidthTest: 239.6 GB/s)
-    assert round(helpers.procedure_bytes() / 1e9 / helpers.T4_COPY_GBS, 2) == 2.51
+    assert timing.T4_COPY_GBS == 240  # a T4's device-to-device copy (CUDA's bandwidthTest: 239.6 GB/s)
+    assert round(helpers.procedure_bytes() / 1e9 / timing.T4_COPY_GBS, 2) == 2.51
 
 
 def test_the_floor_table(tmp_path):
@@ -267,7 +274,7 @@ def test_the_floor_table(tmp_path):
 
 @pytest.fixture(scope="module")
 def procedure_cell():
-    from kernel_cells import load_procedure_cell
+    from benchmarks.cells import load_procedure_cell
     return load_procedure_cell()
 
 
@@ -327,12 +334,12 @@ def test_gpu_time_is_kernel_time_not_host_time():
         _busy_wait(200e-6)  # longer than the L2 flush before the call: the GPU idles, waiting
         kernel()
 
-    alone = helpers.gpu_time(kernel, calls=50)
-    slowed = helpers.gpu_time(slow_host_then_kernel, calls=50)
+    alone = timing.gpu_time(kernel, calls=50)
+    slowed = timing.gpu_time(slow_host_then_kernel, calls=50)
     assert alone.kernels == slowed.kernels == 1
     assert abs(slowed.median_us - alone.median_us) <= 0.2 * alone.median_us + 1.0
     # the premise: CUDA events around the call (what do_bench does) count the host's 200 us
-    flush = helpers.l2_flush()
+    flush = timing.l2_flush()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     flush()
     start.record()
@@ -345,14 +352,14 @@ def test_gpu_time_is_kernel_time_not_host_time():
 @pytest.mark.gpu
 def test_gpu_time_sums_every_kernel_of_a_call():
     small, large = torch.empty(1 << 20, device="cuda"), torch.empty(1 << 24, device="cuda")
-    first, second = helpers.gpu_time(lambda: small.fill_(1.0)), helpers.gpu_time(lambda: large.fill_(2.0))
+    first, second = timing.gpu_time(lambda: small.fill_(1.0)), timing.gpu_time(lambda: large.fill_(2.0))
 
     def two_kernels_with_a_host_gap():
         small.fill_(1.0)
         _busy_wait(100e-6)  # the GPU idles between the two: not GPU time
         large.fill_(2.0)
 
-    both = helpers.gpu_time(two_kernels_with_a_host_gap)
+    both = timing.gpu_time(two_kernels_with_a_host_gap)
     assert both.kernels == 2
     expected = first.median_us + second.median_us
     assert abs(both.median_us - expected) <= 0.1 * expected + 1.0
@@ -361,32 +368,76 @@ def test_gpu_time_sums_every_kernel_of_a_call():
 @pytest.mark.gpu
 def test_host_time_does_not_wait_for_the_gpu():
     gpu_busy = lambda: torch.cuda._sleep(5_000_000)  # millions of GPU cycles: milliseconds
-    assert helpers.gpu_time(gpu_busy, calls=10).median_us > 1000
-    assert helpers.host_time(gpu_busy, calls=50).median_us < 500
+    assert timing.gpu_time(gpu_busy, calls=10).median_us > 1000
+    assert timing.host_time(gpu_busy, calls=50).median_us < 500
+
+
+def _captured(work):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the default stream, as capture wants
+        work()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        work()
+    return graph
+
+
+def _replay_us(graph):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
+def _graph_time_us(fn, calls=20):
+    """A second clock for GPU time: graphs of `calls` (L2 flush, call) pairs and of `calls` flushes replayed in
+    turn, timed by CUDA events; the median of their differences over `calls` (it counts launch gaps too)."""
+    flush = timing.l2_flush()
+
+    def calls_and_flushes():
+        for _ in range(calls):
+            flush()
+            fn()
+
+    def flushes():
+        for _ in range(calls):
+            flush()
+
+    with_calls, flushes_only = _captured(calls_and_flushes), _captured(flushes)
+    samples = [(_replay_us(with_calls) - _replay_us(flushes_only)) / calls for _ in range(11)]
+    return sorted(samples[1:])[5]  # the first replay uploads the graph
 
 
 @pytest.mark.gpu
 def test_graph_replay_cross_check_sees_the_same_kernel():
-    import benchmark
     buffer = torch.empty(1 << 24, device="cuda")
     kernel = lambda: buffer.fill_(1.0)
-    gpu, graph = helpers.gpu_time(kernel), benchmark.graph_time(kernel)
-    assert graph is not None
-    assert 0.8 * gpu.median_us <= graph.median_us <= 1.5 * gpu.median_us + 5.0  # plus launch gaps
+    gpu, graph_us = timing.gpu_time(kernel), _graph_time_us(kernel)
+    assert 0.8 * gpu.median_us <= graph_us <= 1.5 * gpu.median_us + 5.0  # plus launch gaps
 
 
 @pytest.mark.gpu
 def test_every_method_agrees_with_a_second_profiler_reading(kernel):
     # The acceptance check of the GPU-time table at one shape: the per-call median against the
-    # profiler's plain total over the same kind of run (benchmark.py --verify), within 5%.
-    import benchmark
+    # profiler's plain total over another run of flushed calls (no split into calls), within 5%.
     layer = helpers.make_layer(*helpers.KERNEL_SHAPES[0])
-    flush = helpers.l2_flush()
+    flush = timing.l2_flush()
     for name, method in helpers.dequantizers(kernel.triton_dequantize_nf4)[0].items():
-        timing = helpers.gpu_time(lambda: method(layer), calls=100, flush=flush)
-        mean = benchmark.profiled_mean_us(lambda: method(layer), calls=100, flush=flush)
-        assert abs(mean / timing.median_us - 1) <= 0.05, (name, timing, mean)
-        assert timing.kernels == (1 if name in ("ours", "unsloth_fused") else 3), (name, timing.kernels)
+        measured = timing.gpu_time(lambda: method(layer), calls=100, flush=flush)
+
+        def flushed_calls():
+            for _ in range(100):
+                flush()
+                method(layer)
+
+        events = timing._profiled(flushed_calls)
+        mean = sum(e.end_us - e.start_us for e in events if FLUSH_KERNEL not in e.name) / 100
+        assert abs(mean / measured.median_us - 1) <= 0.05, (name, measured, mean)
+        assert measured.kernels == (1 if name in ("ours", "unsloth_fused") else 3), (name, measured.kernels)
 
 
 @pytest.mark.gpu
@@ -394,16 +445,16 @@ def test_the_procedure_split_on_the_gpu(kernel):
     import bitsandbytes.functional as bnbf
     methods = {"ours": kernel.triton_dequantize_nf4,
                "bnb": lambda layer: bnbf.dequantize_4bit(layer.weight, layer.weight.quant_state)}
-    from kernel_cells import load_procedure_cell
+    from benchmarks.cells import load_procedure_cell
     cell = load_procedure_cell()
     procedure = cell.test_dequantize(methods, methods["bnb"], rounds=1, iterations=20, scale=4)
-    helpers.add_call_split(procedure, methods, lambda *case: cell.build_case(*case, scale=4), rounds=3,
+    timing.add_call_split(procedure, methods, lambda *case: cell.build_case(*case, scale=4), rounds=3,
                            iterations=10)
     for case in procedure["ours"]["cases"]:
         assert case["gpu_kernels"] == 1.0 and 0 < case["gpu_us"] < case["wall_us"]
         assert case["wall_us"] == case["issue_us"] + case["wait_us"] and case["issue_us"] > 0 < case["wait_us"]
     assert all(case["gpu_kernels"] == 3.0 for case in procedure["bnb"]["cases"])
-    forecast = helpers.t4_forecast(procedure, helpers.device_copy_gbs())
+    forecast = timing.t4_forecast(procedure, timing.device_copy_gbs())
     assert all(a < b < c for a, b, c in forecast["seconds"].values())  # more host time, more seconds
 
 
@@ -411,26 +462,26 @@ def test_the_procedure_split_on_the_gpu(kernel):
 def test_the_padding_adds_a_t4s_gpu_time_on_the_current_stream():
     # one 8192x2048 fp16 call padded to a T4's time for its bytes: its GPU time (CUPTI) grows by the padding
     layer = helpers.make_layer(8192, 2048, torch.float16)
-    copy_gbs = helpers.device_copy_gbs()
-    padded = helpers.PaddedToT4(_bnb, copy_gbs, helpers.sleep_cycles_per_us())
-    pad_us = helpers.t4_pad_us(8192 * 2048, torch.float16, copy_gbs)
-    alone = helpers.gpu_time(lambda: _bnb(layer), calls=20).median_us
-    with_pad = helpers.gpu_time(lambda: padded(layer), calls=20).median_us
+    copy_gbs = timing.device_copy_gbs()
+    padded = timing.PaddedToT4(_bnb, copy_gbs, timing.sleep_cycles_per_us())
+    pad_us = timing.t4_pad_us(8192 * 2048, torch.float16, copy_gbs)
+    alone = timing.gpu_time(lambda: _bnb(layer), calls=20).median_us
+    with_pad = timing.gpu_time(lambda: padded(layer), calls=20).median_us
     assert pad_us > 0 and abs(with_pad - alone - pad_us) <= 0.15 * pad_us + 2.0
 
 
 @pytest.mark.gpu
 def test_cpu_cost_floor_is_a_compiled_launch(kernel):
-    table = helpers.cpu_cost_table({"ours": kernel.triton_dequantize_nf4})
-    assert table["floor"] == helpers.LAUNCH_REFERENCE_METHOD
+    table = timing.cpu_cost_table({"ours": kernel.triton_dequantize_nf4})
+    assert table["floor"] == timing.LAUNCH_REFERENCE_METHOD
     for name in ("ours", "floor", "empty", "triton_launch"):
         assert 0 < table[f"{name}_p20_us"] <= table[f"{name}_us"] <= table[f"{name}_p80_us"]
 
 
 @pytest.mark.gpu
 def test_one_flush_buffer_per_device_on_the_current_device():
-    flush = helpers.l2_flush()
-    assert helpers.l2_flush() is flush and flush.device == torch.cuda.current_device()
+    flush = timing.l2_flush()
+    assert timing.l2_flush() is flush and flush.device == torch.cuda.current_device()
     assert flush.buffer.device == torch.device("cuda", torch.cuda.current_device())
     assert helpers.environment()["device"] == torch.cuda.current_device()
 

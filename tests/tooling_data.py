@@ -28,7 +28,7 @@ ROUND_NOISE = (1.0, 0.97, 1.05, 0.99, 1.02)  # per round, times each method's ow
 
 def procedure():
     """Per method two cases and five rounds whose times vary, so that each round's ratio differs. Each case
-    carries the split as helpers.add_call_split stores it: wall = issue + wait, GPU time beside (for the
+    carries the split as timing.add_call_split stores it: wall = issue + wait, GPU time beside (for the
     three-kernel paths above the wait: their first kernels run while the host still issues the last)."""
     result = {}
     for j, name in enumerate(METHODS):

@@ -1,10 +1,11 @@
-"""The notebook's kernel cells as a module, for tests and benchmark scripts.
+"""The notebook's kernel cells as a module, for the commands beside this file and for the tests.
 
 Cells are picked by tag. By default PASTE_UNIT, the cells tagged `kernel` (the kernel, its wrapper
 and launch path): what a user pastes. Older notebooks split it (`fast-launch`) and carried the model
 patch as a cell (`model-patch`); name their tags to load them. The patch is model_patch.py now: import
 it and hand it the cells' function, model_patch.use_triton_dequantize(cells.dequantize_nf4). The cell
 tagged `procedure` (the published test_dequantize) is loaded apart: load_procedure_cell."""
+import hashlib
 import importlib.util
 import json
 import os
@@ -72,3 +73,9 @@ def load_procedure_cell(notebook: Path = NOTEBOOK) -> types.SimpleNamespace:
     names = {"helpers": helpers, "torch": torch, "GPU": gpu, "DEVICE": "cuda" if gpu else "cpu"}
     exec(compile(tree, f"{Path(notebook).name} (the cell tagged procedure)", "exec"), names)
     return types.SimpleNamespace(**names)
+
+
+def notebook_paste_unit_sha256(notebook: Path = NOTEBOOK) -> str:
+    """The sha256 of the notebook's cells tagged `kernel`, joined by a blank line (UTF-8): the cells
+    a result file names as environment.paste_unit_sha256 (helpers.paste_unit_sha256, from cells run)."""
+    return hashlib.sha256("\n\n".join(kernel_cell_sources(notebook)).encode()).hexdigest()

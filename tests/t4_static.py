@@ -15,7 +15,7 @@ From that, per candidate launch configuration and output dtype:
 The rates, the T4's figures and where each comes from are in ASSUMPTIONS (and in the JSON). The
 margin says which candidates cannot be limited by instruction issue on a T4; it cannot rank the
 ones that are memory-bound (latency, DRAM scheduling and clocks decide those), which is why
-t4_benchmark.py times the sm_75 builds of T4_CANDIDATES (on another GPU, through the driver's
+benchmarks/t4_code.py times the sm_75 builds of T4_CANDIDATES (on another GPU, through the driver's
 JIT). Every T4_CANDIDATES entry is built here, beside a grid of others; the recommendation at the
 end keeps candidates the static evidence cannot separate, and drops the ones it can.
 
@@ -23,8 +23,8 @@ The kernel is built with the T4's constexprs as the kernel cells give them for c
 the fp32 -> bf16 conversion is Triton's own, which sm_75 (no bf16 instructions) gets as an
 integer round-to-nearest-even sequence.
 
-    python scripts/t4_static.py                   # the full grid (~1 min); writes results/t4-static/sass_mix.json
-    python scripts/t4_static.py --quick --json    # two candidates as one JSON line (tests/test_t4_static.py)
+    python tests/t4_static.py                   # the full grid (~1 min): rewrites results/t4-static/sass_mix.json
+    python tests/t4_static.py --quick --json    # two candidates as one JSON line (tests/test_t4_static.py)
 
 Runs in its own process: it replaces Triton's driver with the stand-in GPU.
 """
@@ -32,27 +32,25 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
-import hashlib
 import json
 import math
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
+import sys
 
-import offline_gpu  # noqa: E402  (before torch and triton are used)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's modules
+import offline_gpu  # noqa: E402  (before torch and triton are used: it stands in for the GPU)
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-import t4_benchmark  # noqa: E402
+import helpers  # noqa: E402
+from benchmarks import t4_code  # noqa: E402
+from benchmarks.cells import load_kernel_cells  # noqa: E402
 
-OUT_PATH = ROOT / "results" / "t4-static" / "sass_mix.json"
+OUT_PATH = helpers.ROOT / "results" / "t4-static" / "sass_mix.json"
 
 # The T4 (TU104, compute capability 7.5).
 T4 = {
@@ -105,7 +103,7 @@ ASSUMPTIONS = {
         "t4": "NVIDIA T4 datasheet: 2,560 CUDA cores (40 SMs), 1590 MHz boost, 585 MHz base, 320 GB/s GDDR6",
         "occupancy": "CUDA C++ Programming Guide, technical specifications per compute capability (7.5); "
                      "registers allocated per warp in units of 256 (CUDA occupancy calculator, 7.5)",
-        "lsu": "assumed (LSU_BYTES_PER_CLOCK in scripts/t4_static.py): not in the guide, not measured; where the "
+        "lsu": "assumed (LSU_BYTES_PER_CLOCK in tests/t4_static.py): not in the guide, not measured; where the "
                "LSU bounds a build, its margin scales with this number",
     },
     "model": "cycles per program on one SM = max(warp instructions / 4 (issue), per pipe: its warp instructions / "
@@ -303,14 +301,14 @@ def verdict(margin: float) -> str:
 
 def candidate_grid(kernel, quick=False):
     """LOOKUP 0/1 x weights per program 1024..8192 x warps 2/4/8, at least 8 weights a thread
-    (fewer gives 8-byte stores), plus every T4_CANDIDATES entry (t4_benchmark.py) and unsloth's T4
+    (fewer gives 8-byte stores), plus every T4_CANDIDATES entry (t4_code.py) and unsloth's T4
     shape (1024 weights, 8 warps: 4 a thread) for reference. quick: two candidates."""
     LaunchConfig = kernel.LaunchConfig
     if quick:
         return [LaunchConfig(2048, 4, 0, True), LaunchConfig(2048, 4, 1, True)]
     grid = [LaunchConfig(w, warps, lookup, True) for lookup in (0, 1) for w in (1024, 2048, 4096, 8192)
             for warps in (2, 4, 8) if w // (32 * warps) >= 8]
-    extra = [c for c in (*t4_benchmark.t4_configs(kernel),
+    extra = [c for c in (*t4_code.t4_configs(kernel),
                          *(LaunchConfig(1024, 8, lookup, True) for lookup in (0, 1))) if c not in grid]
     return grid + extra
 
@@ -324,7 +322,7 @@ def build(kernel, config, dtype, shape=(64, 8192)):
     qs.dtype = dtype
     layout = kernel.validate(W, qs).layout
     out = torch.empty(layout.shape, dtype=dtype)
-    grid, args, constexprs, options = kernel.launch_arguments(layout, out, config, t4_benchmark.T4)
+    grid, args, constexprs, options = kernel.launch_arguments(layout, out, config, t4_code.T4)
     return kernel._dequantize_4bit_kernel[grid](*args, **constexprs, **options)
 
 
@@ -353,7 +351,7 @@ RULE = (
     "instructions per byte and more DRAM latency covered by the reads in flight, while unsloth's T4 "
     "measurement found less work per thread, on 8 warps, faster for its kernel. So: for each lookup that has "
     "eligible candidates, the fewest and the most weights a thread among them, each on 8 warps where that is "
-    "eligible, else the best margin. Timing the sm_75 builds (t4_benchmark.py, T4_CANDIDATES) decides between them.")
+    "eligible, else the best margin. Timing the sm_75 builds (t4_code.py, T4_CANDIDATES) decides between them.")
 
 
 def recommend(rows, current) -> dict:
@@ -468,23 +466,22 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     offline_gpu.install(75)
-    kernel = t4_benchmark.load_kernel()
+    kernel = load_kernel_cells()
     rows = [measure(kernel, config, dtype) for config in candidate_grid(kernel, args.quick)
             for dtype in (torch.float16, torch.bfloat16)]
     report = {
         "what": "SASS instruction mix of the NF4 kernel built for sm_75 (T4) per candidate launch "
                 "configuration, against Turing's issue rates and the T4's DRAM bandwidth",
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "triton": triton.__version__, "torch": torch.__version__,
-        "kernel_cells_sha256": hashlib.sha256("\n\n".join(t4_benchmark.kernel_sources()).encode()).hexdigest(),
+        "environment": {**helpers.environment(vars(kernel)),
+                        "gpu": "none: built for sm_75 over tests/offline_gpu.py's stand-in GPU"},
         "method": "Triton's JIT over tests/offline_gpu.py's stand-in sm_75 GPU (the specialization a T4 gets) "
                   "builds the kernel on a 64x8192 nested NF4 weight (no masked tail); nvdisasm -c and cuobjdump "
                   "-res-usage (bundled with Triton) read the cubin; opcodes are classed and assigned to pipes "
-                  "as in scripts/t4_static.py",
+                  "as in tests/t4_static.py",
         "assumptions": ASSUMPTIONS,
         "builds": rows,
     }
-    report["recommendation"] = recommend(rows, t4_benchmark.t4_configs(kernel))
+    report["recommendation"] = recommend(rows, t4_code.t4_configs(kernel))
     report["unsloth_t4_finding"] = unsloth_reading(rows, report["recommendation"])
     if args.json:
         print(json.dumps(report))
@@ -492,10 +489,10 @@ def main(argv=None):
     print_table(rows)
     rec = report["recommendation"]
     print("\n" + RULE)
-    print("\nrecommended for timing (t4_benchmark.py):")
+    print("\nrecommended for timing (t4_code.py):")
     for entry in rec["reasons"]:
         print(f"  {tuple(entry['config'])}: {entry['why']}")
-    print("current T4_CANDIDATES (t4_benchmark.py):")
+    print("current T4_CANDIDATES (t4_code.py):")
     for entry in rec["current_rejections"]:
         rejected = entry["rejected"]
         print(f"  {tuple(entry['config'])}: " + ("not built in this run" if rejected is None else

@@ -3,8 +3,8 @@ steps and prefill of a 4-bit Llama (random weights from a config, loaded through
 NF4, double quantization, bf16 compute), with and without the patch, side by side in one process.
 Prints the table and writes results/<gpu>/model.json.
 
-    python model_benchmark.py            # a small Llama and a Llama-3.2-1B-shaped one (1.24B)
-    python model_benchmark.py --quick    # the small one only, fewer repeats
+    python -m benchmarks.model            # a small Llama and a Llama-3.2-1B-shaped one (1.24B)
+    python -m benchmarks.model --quick    # the small one only, fewer repeats
 
 Clocks: each step is timed on the wall clock with the GPU synchronized before and after (median of
 interleaved repeats: bitsandbytes, ours, bitsandbytes, ...). The dequantization share comes from one
@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import gc
 import importlib.metadata
-import json
 import os
 import statistics
 import sys
@@ -27,10 +26,9 @@ import time
 import torch
 
 import helpers
+import timing
 import model_patch  # use_triton_dequantize, handed the kernel cells' dequantize_nf4
-
-sys.path.insert(0, str(helpers.ROOT / "tests"))
-from kernel_cells import load_kernel_cells  # noqa: E402  (tests/: the notebook's kernel cells)
+from benchmarks.cells import load_kernel_cells
 
 # Random weights from a config: the shapes decide the speed, the values do not.
 MODELS = {
@@ -49,6 +47,17 @@ BNB_KERNEL = "kDequantizeBlockwise"  # bitsandbytes' absmax-code and 4-bit dequa
 BNB_RANGE = "bitsandbytes dequantize"  # marks bitsandbytes' dequantize calls in the profiled step
 
 
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """torch's default dtype set to `dtype` inside the block, the previous one restored after."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def quantized_llama(shape: dict, compute_dtype: torch.dtype, device: str, directory: str,
                     attn_implementation: str = "sdpa"):
     """A Llama with random weights (LlamaConfig(**shape)), saved to `directory` and loaded back 4-bit
@@ -57,7 +66,7 @@ def quantized_llama(shape: dict, compute_dtype: torch.dtype, device: str, direct
     from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
     config = LlamaConfig(max_position_embeddings=4096, **shape)
     torch.manual_seed(0)
-    with torch.device(device), helpers.default_dtype(compute_dtype):
+    with torch.device(device), default_dtype(compute_dtype):
         model = LlamaForCausalLM(config)
         parameters = sum(p.numel() for p in model.parameters())
         model.save_pretrained(directory)
@@ -122,10 +131,10 @@ def interleaved_ms(variants: dict, kernel, repeats: int, warmup: int = 2) -> dic
     for round_ in range(warmup + repeats):
         for name, (patched, work) in variants.items():
             model_patch.use_triton_dequantize(kernel.dequantize_nf4, patched)
-            helpers.synchronize()
+            timing.synchronize()
             start = time.perf_counter()
             work()
-            helpers.synchronize()
+            timing.synchronize()
             if round_ >= warmup:
                 times[name].append((time.perf_counter() - start) * 1e3)
     model_patch.use_triton_dequantize(enable=False)
@@ -173,11 +182,11 @@ def dequantize_gpu_us(work, patched: bool, kernel) -> dict:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     model_patch.use_triton_dequantize(kernel.dequantize_nf4, patched)
-    helpers.synchronize()
+    timing.synchronize()
     with _marked_bitsandbytes_dequantize(), \
             profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         work()
-        helpers.synchronize()
+        timing.synchronize()
     model_patch.use_triton_dequantize(enable=False)
     events = prof.events()
     device = [e for e in events if e.device_type == DeviceType.CUDA and e.name != BNB_RANGE]
@@ -199,7 +208,7 @@ def calls_of(work, kernel) -> dict:
     model_patch.use_triton_dequantize(kernel.dequantize_nf4)
     before = dict(model_patch.PATCH_CALLS)
     work()
-    helpers.synchronize()
+    timing.synchronize()
     model_patch.use_triton_dequantize(enable=False)
     return {f"{path} -> {who}": count - before.get((path, who), 0)
             for (path, who), count in model_patch.PATCH_CALLS.items() if count != before.get((path, who), 0)}
@@ -308,10 +317,10 @@ def main():
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per variant (default 10, quick 5)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("model_benchmark.py times a GPU; the CPU checks are tests/test_model.py")
+        raise SystemExit("benchmarks.model times a GPU; the CPU checks are tests/test_model.py")
     repeats = args.repeats or (5 if args.quick else 10)
     kernel = load_kernel_cells()
-    env = {**helpers.environment(), **_versions()}
+    env = {**helpers.environment(vars(kernel)), **_versions()}
     print(", ".join(f"{k} {env[k]}" for k in ("gpu", "driver", "torch", "triton", "bitsandbytes",
                                               "transformers", "peft", "accelerate")))
     print(HEADER)
@@ -321,27 +330,20 @@ def main():
         models[name] = info
         rows += [{"model": name, **row} for row in model_rows_]
     path = helpers.results_dir(env) / ("model-quick.json" if args.quick else "model.json")
-    path.write_text(json.dumps({
-        "environment": env,
-        "method": {
-            "step": "wall clock (time.perf_counter) of one call, GPU synchronized before and after; "
-                    f"median of {repeats} repeats, bitsandbytes and ours interleaved, after 2 warm-up rounds each",
-            "dequantize_gpu_us": f"one profiled call per variant (CUPTI via torch.profiler): kernels named "
-                                 f"{OURS_KERNEL} (ours) or {BNB_KERNEL} (bitsandbytes), plus bitsandbytes' "
-                                 "absmax + offset additions (aten::add inside its dequantize calls)",
-            "dequantize_share": "dequantize GPU time / median step time",
-            "same_output": "prefill: last-token logits; training: loss; torch.equal with and without the patch",
-            "model": "random weights from a LlamaConfig, saved and loaded with BitsAndBytesConfig (NF4, double "
-                     "quantization, bf16 compute, bf16 weights); peft LoRA on all linear layers for training; "
-                     "sdpa attention",
-            "train": f"forward + backward (labels = inputs), batch x sequence {TRAIN_SHAPE}, no optimizer step",
-            "prefill": "torch.inference_mode, use_cache=True, logits_to_keep=1, adapters not yet added",
-        },
-        "models": models,
-        "rows": rows,
-    }, indent=2, default=str) + "\n")
-    print("wrote", helpers.shown_path(path))
-
+    method = {
+        "step": "wall clock (time.perf_counter) of one call, GPU synchronized before and after; "
+                f"median of {repeats} repeats, bitsandbytes and ours interleaved, after 2 warm-up rounds each",
+        "dequantize_gpu_us": f"one profiled call per variant (CUPTI via torch.profiler): kernels named "
+                             f"{OURS_KERNEL} (ours) or {BNB_KERNEL} (bitsandbytes), plus bitsandbytes' "
+                             "absmax + offset additions (aten::add inside its dequantize calls)",
+        "dequantize_share": "dequantize GPU time / median step time",
+        "same_output": "prefill: last-token logits; training: loss; torch.equal with and without the patch",
+        "model": "random weights from a LlamaConfig, saved and loaded with BitsAndBytesConfig (NF4, double "
+                 "quantization, bf16 compute, bf16 weights); peft LoRA on all linear layers for training; "
+                 "sdpa attention",
+        "train": f"forward + backward (labels = inputs), batch x sequence {TRAIN_SHAPE}, no optimizer step",
+        "prefill": "torch.inference_mode, use_cache=True, logits_to_keep=1, adapters not yet added"}
+    print("wrote", helpers.write_results(path, env, method=method, models=models, rows=rows))
 
 if __name__ == "__main__":
     main()
