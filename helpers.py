@@ -45,16 +45,6 @@ except ModuleNotFoundError as error:
         raise
     raise RuntimeError("torch is not installed: install PyTorch for this machine "
                        "(https://pytorch.org/get-started/locally/), then run this cell again.") from None
-# triton only with a GPU (environment() reads its driver): without one the notebook turns on Triton's interpreter
-# after this import, and triton.language imported before that keeps tl.interleave and the like out of it
-triton = None
-if torch.cuda.is_available():
-    try:
-        import triton
-    except ModuleNotFoundError as error:  # a torch without triton, until install_missing installs it
-        if error.name != "triton":
-            raise
-
 ROOT = Path(__file__).resolve().parent
 NOTEBOOK_NAME = "Unsloth_Puzzles_NF4.ipynb"
 MAX_LINE = 120  # Colab wraps longer lines: no printed line or table row is longer
@@ -209,6 +199,7 @@ def environment(cells: dict | None = None) -> dict:
                      sm_count=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30, 1),
                      l2_mib=round(getattr(props, "L2_cache_size", 0) / 2**20, 1))
         with contextlib.suppress(Exception):  # memory clock x bus width x 2 (DDR); if unreported, plots omit it
+            import triton  # here only, with a GPU: without one the notebook turns on Triton's interpreter later
             driver = triton.runtime.driver.active.utils.get_device_properties(device)
             facts["peak_bandwidth_gbs"] = round(2 * driver["mem_clock_rate"] * driver["mem_bus_width"] / 8e6, 1)
         try:  # one driver serves every GPU of the machine

@@ -6,7 +6,7 @@ score card, markdown tables and plots. Fetched beside them; nothing here measure
                                format_kernel_table, format_cpu_cost, describe_layer, split_rows, mean_split,
                                saved_split, format_time_split, format_compile_report
   3. Plots                     plot_procedure, plot_kernel_speedups, plot_bandwidth, plot_time_split;
-                               show_figure and show_image (with alt text), figure_alt
+                               show_figure (with alt text), figure_alt
 
 No printed line or table row is longer than MAX_LINE (Colab wraps longer ones), and no wrapped line
 starts with a Markdown block marker ('>', '- ', '1. ', '#'): `wrap` keeps such a word on the line before.
@@ -599,11 +599,6 @@ def show_figure(fig, alt: str | None = None) -> None:
     width_px = round(fig.get_figwidth() * FIGURE_DPI)
     _display_image(buffer.getvalue(), alt or figure_alt(fig), width_px)
     plt.close(fig)
-
-
-def show_image(path: Path, alt: str, width_px: int = round(FIGURE_WIDTH * FIGURE_DPI)) -> None:
-    """A saved PNG shown with alt text, at width_px (its drawn width: FIGURE_WIDTH at FIGURE_DPI)."""
-    _display_image(Path(path).read_bytes(), alt, width_px)
 
 
 def _save(fig, path: Path | None):

@@ -6,7 +6,7 @@ weight: results/<gpu>/host_cost.json.
 
 Timed: triton_dequantize_nf4 from these cells and from OLD's; the floor (HOST_COST_FLOOR); the replay
 alone; the compiled launcher's Python entry (FIXED_CALL); a new weight's first call (FIRST_CALL); a
-call through Triton's own launch and its parts; unsloth's fused path. Many short rounds: the GPU
+call through Triton's own launch; unsloth's fused path. Many short rounds: the GPU
 machines' hosts switch between a fast and a slow mode within seconds, and a long round can catch one
 method in the other mode.
 """
@@ -71,26 +71,6 @@ def unchecked_calls(plan, kernel, W, q) -> dict:
     return {"floor": floor, "replay": replay, "fixed_call": fixed_call}
 
 
-def triton_path_parts(kernel, W, q) -> dict:
-    """The steps of a call the plans cannot take (dequantize_nf4_via_triton), each timed alone."""
-    layout = kernel.validate(W, q).layout
-    device = layout.packed.device
-    capability = kernel.device_capability(device)
-    config = kernel.launch_config(capability)
-    out = torch.empty(layout.shape, dtype=layout.dtype, device=device)
-    grid, args, constexprs, options = kernel.launch_arguments(layout, out, config, capability)
-
-    def launch():
-        return kernel._dequantize_4bit_kernel[grid](*args, **constexprs, **options)
-
-    return {"part: validate": lambda: kernel.validate(W, q),
-            "part: device_capability": lambda: kernel.device_capability(device),
-            "part: launch_config + launch_arguments": lambda: kernel.launch_arguments(
-                layout, out, kernel.launch_config(capability), capability),
-            "part: torch.empty": lambda: torch.empty(layout.shape, dtype=layout.dtype, device=device),
-            "part: Triton's launch, kernel[grid](...)": launch}
-
-
 def host_cost(new, old, rounds: int = 45, calls: int = 200) -> dict:
     """Every call above timed in `rounds` interleaved rounds of `calls` (timing.host_time); the median of the
     round medians, and the ratios the README and the launch path's header quote."""
@@ -106,10 +86,10 @@ def host_cost(new, old, rounds: int = 45, calls: int = 200) -> dict:
     timed = {"new": lambda: new.triton_dequantize_nf4(layer), "old": lambda: old.triton_dequantize_nf4(layer),
              **unchecked_calls(new._plans[new._identity(q)], new, W, q),
              "first_call": lambda: new.dequantize_nf4(W, next(fresh)),
-             "via_triton": lambda: new.dequantize_nf4_via_triton(W, q), **triton_path_parts(new, W, q)}
+             "via_triton": lambda: new.dequantize_nf4_via_triton(W, q)}
     if "unsloth_fused" in methods:
         timed["unsloth_fused"] = lambda: methods["unsloth_fused"](layer)
-    assert all(torch.equal(timed[name](), timed["old"]()) for name in timed if not name.startswith("part:"))
+    assert all(torch.equal(timed[name](), timed["old"]()) for name in timed)
     samples = {name: [] for name in timed}
     for _ in range(rounds):
         for name, fn in timed.items():
