@@ -56,6 +56,77 @@ def test_notebook_runs_alone_on_cpu(tmp_path, monkeypatch):
     assert "No GPU: kernels run in Triton's interpreter" in text
     assert "procedure's checks passed" in text
     assert not (alone / "results").exists(), "a CPU run must not write results"
+    import report  # what scripts/run.sh says at the end, read from this run
+    summary = report.run_summary(notebook, alone / "results" / "cpu", None)
+    assert len(summary) <= 8 and summary[0].startswith("Bit-exact against bitsandbytes (torch.equal): yes")
+    assert summary[1] == "Score card, this run: no GPU, so the criteria that need one are not scored"
+    assert summary[2].startswith("Needs a GPU, not scored in this run: single Triton kernel (+3)")
+    assert summary[-1] == "The executed notebook: Unsloth_Puzzles_NF4.ipynb."  # (outside the repository: its name)
+    assert not any("procedure:" in line for line in summary)  # no times without a GPU
+
+
+# An IPython startup file: the kernel answers as a Tesla T4 (capability 7.5, its name, bf16 by emulation only)
+# while Triton and Inductor build for the GPU under it. Triton's driver binds the real capability when it starts,
+# so it starts first.
+AS_A_T4 = """
+import torch, triton
+from torch._dynamo.device_interface import get_interface_for_device
+triton.runtime.driver.active.get_current_target()
+interface, real_properties = get_interface_for_device("cuda"), torch.cuda.get_device_properties
+real_capability = interface.get_compute_capability()
+
+
+class AsT4:
+    name, major, minor = "Tesla T4", 7, 5
+
+    def __init__(self, real):
+        self.real = real
+
+    def __getattr__(self, attribute):
+        return getattr(self.real, attribute)
+
+
+torch.cuda.get_device_properties = lambda device=None: AsT4(real_properties(device))
+torch.cuda.get_device_capability = lambda device=None: (7, 5)
+torch.cuda.get_device_name = lambda device=None: "Tesla T4"
+interface.is_bf16_supported = staticmethod(lambda including_emulation=True: bool(including_emulation))
+interface.get_compute_capability = staticmethod(lambda device=None: real_capability)
+"""
+
+
+@pytest.mark.gpu
+def test_run_all_as_a_t4_packs_an_archive_whose_headline_reads_measured_on_a_t4(tmp_path, monkeypatch):
+    # the one step from a T4 owner's Run all to the headline, with this GPU answering as a T4: the numbers are
+    # this GPU's, so the folder is never committed; what is proven is the way from the archive to the headline
+    import zipfile
+    from benchmarks import headline
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(NOTEBOOK, run)
+    for name in FETCHED:
+        shutil.copy(ROOT / name, run)
+    startup = tmp_path / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-as-a-t4.py").write_text(AS_A_T4)
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    monkeypatch.setenv("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")  # a fresh T4 has no cached graph
+    notebook = nbformat.read(run / NOTEBOOK.name, as_version=4)
+    NotebookClient(notebook, timeout=1500, kernel_name="python3", resources={"metadata": {"path": str(run)}}).execute()
+    folder = run / "results" / "tesla-t4"
+    results = json.loads((folder / "notebook.json").read_text())
+    assert (results["environment"]["gpu"], results["environment"]["capability"]) == ("Tesla T4", "7.5")
+    assert results["t4_forecast"] is not None and "emulated" not in results["t4_forecast"]  # a T4: measured
+    text = "\n".join(_text(c) for c in notebook.cells if c.cell_type == "code")
+    assert "Packed " in text and "results/tesla-t4.zip" in text, "the last cell names its archive"
+    with zipfile.ZipFile(run / "results" / "tesla-t4.zip") as archive:
+        names = archive.namelist()
+    assert "results/tesla-t4/notebook.json" in names and "results/tesla-t4/procedure.png" in names
+    block = headline.block(str(folder), "readme")
+    print(block)
+    assert block.startswith("Measured on a **Tesla T4**") and "forecast" not in block
+    card = next(c for c in notebook.cells if "report.ScoreCard(" in c.source)
+    shown = "".join(output.get("data", {}).get("text/markdown", "") for output in card.outputs)
+    assert "on Tesla T4, the procedure vs" in " ".join(shown.split()) and "on a T4 (not measured)" not in shown
 
 
 def test_kernel_cells_are_tagged_and_stand_alone():

@@ -210,3 +210,24 @@ def test_readme_commands_are_what_ci_runs():
     assert "bash scripts/run.sh" in first_lines and "bash scripts/test.sh" in first_lines
     assert (ROOT / "scripts" / "test.sh").exists() and (ROOT / "scripts" / "run.sh").exists()
     assert "bash scripts/run.sh" in readme
+
+
+def test_a_run_is_packed_into_one_archive_named_as_in_the_repository(tmp_path, monkeypatch):
+    import zipfile
+    monkeypatch.setattr(helpers, "ROOT", tmp_path)
+    folder = tmp_path / "results" / "tesla-t4"
+    folder.mkdir(parents=True)
+    (folder / "notebook.json").write_text("{}")
+    (folder / "procedure.png").write_bytes(b"png")
+    said = helpers.pack_run(folder, notebook={"cells": [], "nbformat": 4})
+    with zipfile.ZipFile(tmp_path / "results" / "tesla-t4.zip") as archive:
+        names = sorted(archive.namelist())
+        notebook = json.loads(archive.read("results/tesla-t4/Unsloth_Puzzles_NF4.ipynb"))
+    assert names == ["results/tesla-t4/Unsloth_Puzzles_NF4.ipynb", "results/tesla-t4/notebook.json",
+                     "results/tesla-t4/procedure.png"]
+    assert notebook == {"cells": [], "nbformat": 4}
+    assert said == ("Packed 3 files of results/tesla-t4/ in results/tesla-t4.zip, with the executed notebook. To "
+                    "make it the repository's: unzip it at the repository's root, then run python -m "
+                    "benchmarks.headline results/tesla-t4")
+    said = helpers.pack_run(folder)  # outside Colab no notebook to read: the folder's files alone
+    assert "Packed 2 files" in said and "without the executed notebook" in said
