@@ -79,13 +79,16 @@ def host_cost(new, old, rounds: int = 45, calls: int = 200) -> dict:
     for cells in (new, old):
         assert torch.equal(cells.triton_dequantize_nf4(layer), cells.triton_dequantize_nf4(layer))
     methods, skipped = helpers.dequantizers(new.triton_dequantize_nf4)
-    fresh = [copy.copy(q) for _ in range(rounds * (calls + 20) + 2)]  # a new weight each, W shared
-    for state in fresh:
-        state.absmax, state.code = q.absmax.clone(), q.code.clone()
-    fresh = iter(fresh)
+    fresh = {}  # per cells, a new weight for each call, W shared
+    for cells in ("new", "old"):
+        fresh[cells] = [copy.copy(q) for _ in range(rounds * (calls + 20) + 2)]
+        for state in fresh[cells]:
+            state.absmax, state.code = q.absmax.clone(), q.code.clone()
+        fresh[cells] = iter(fresh[cells])
     timed = {"new": lambda: new.triton_dequantize_nf4(layer), "old": lambda: old.triton_dequantize_nf4(layer),
              **unchecked_calls(new._plans[new._identity(q)], new, W, q),
-             "first_call": lambda: new.dequantize_nf4(W, next(fresh)),
+             "first_call": lambda: new.dequantize_nf4(W, next(fresh["new"])),
+             "old_first_call": lambda: old.dequantize_nf4(W, next(fresh["old"])),
              "via_triton": lambda: new.dequantize_nf4_via_triton(W, q)}
     if "unsloth_fused" in methods:
         timed["unsloth_fused"] = lambda: methods["unsloth_fused"](layer)
@@ -102,6 +105,7 @@ def host_cost(new, old, rounds: int = 45, calls: int = 200) -> dict:
             "old_over_floor": medians["old"] / medians["floor"], "new_over_replay": medians["new"] / medians["replay"],
             "fixed_call_over_replay": medians["fixed_call"] / medians["replay"],
             "first_call_over_fused": medians["first_call"] / fused if fused else None,
+            "old_first_call_over_fused": medians["old_first_call"] / fused if fused else None,
             "via_triton_over_fused": medians["via_triton"] / fused if fused else None,
             "skipped_baselines": skipped}
 
@@ -122,7 +126,8 @@ def main(argv=None):
     print(f"new/floor {table['new_over_floor']:.3f}, old/floor {table['old_over_floor']:.3f}, new/replay "
           f"{table['new_over_replay']:.3f}, fixed call/replay {table['fixed_call_over_replay']:.3f}, first call/fused "
           f"{table['first_call_over_fused'] or float('nan'):.3f}")
-    print("wrote", helpers.write_results(helpers.results_dir(env) / "host_cost.json", env, host_cost=table))
+    path = helpers.results_dir(env) / "host_cost.json"
+    print("wrote", helpers.write_results(path, env, {"host_cost": timing.HOST_TIME_METHOD}, host_cost=table))
 
 
 if __name__ == "__main__":

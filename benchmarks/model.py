@@ -343,7 +343,7 @@ def main():
                  "sdpa attention",
         "train": f"forward + backward (labels = inputs), batch x sequence {TRAIN_SHAPE}, no optimizer step",
         "prefill": "torch.inference_mode, use_cache=True, logits_to_keep=1, adapters not yet added"}
-    print("wrote", helpers.write_results(path, env, method=method, models=models, rows=rows))
+    print("wrote", helpers.write_results(path, env, method, models=models, rows=rows))
 
 if __name__ == "__main__":
     main()

@@ -66,14 +66,14 @@ def test_notebook_runs_alone_on_cpu(tmp_path, monkeypatch):
 
 
 # An IPython startup file: the kernel answers as a Tesla T4 (capability 7.5, its name, bf16 by emulation only)
-# while Triton and Inductor build for the GPU under it. Triton's driver binds the real capability when it starts,
-# so it starts first.
+# while Triton and Inductor build for the GPU under it (torch's get_device_capability reads the properties
+# patched here, so Triton's driver and Inductor are told the real capability directly).
 AS_A_T4 = """
 import torch, triton
 from torch._dynamo.device_interface import get_interface_for_device
-triton.runtime.driver.active.get_current_target()
 interface, real_properties = get_interface_for_device("cuda"), torch.cuda.get_device_properties
-real_capability = interface.get_compute_capability()
+real_capability, real_major_minor = interface.get_compute_capability(), torch.cuda.get_device_capability()
+triton.runtime.driver.active.get_device_capability = lambda device=None: real_major_minor
 
 
 class AsT4:

@@ -28,12 +28,13 @@ GPU = torch.cuda.is_available()
 EXACT_CHECK = textwrap.dedent("""
     import bitsandbytes as bnb, bitsandbytes.functional as bnbf, json, torch
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    results = {}
+    results, layers = {}, []  # the layers kept: a plan lives as long as its QuantState
     for out, inp, dtype in ((64, 256, torch.float16), (32, 320, torch.bfloat16), (1, 128, torch.float32)):
         torch.manual_seed(out)
         layer = bnb.nn.Linear4bit(inp, out, bias=None, compute_dtype=dtype, quant_type="nf4").to(device)
         layer.weight.quant_state.dtype = dtype
         W, qs = layer.weight, layer.weight.quant_state
+        layers.append(layer)
         ref = bnbf.dequantize_4bit(W, qs)
         got = [triton_dequantize_nf4(layer), dequantize_nf4(W, qs), dequantize_nf4(W.t(), qs),
                triton_dequantize_nf4(layer)]
