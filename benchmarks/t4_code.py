@@ -172,11 +172,10 @@ def ours(kernel, layout, out, config, hand_bf16=False) -> Sm75Launch:
     return Sm75Launch(kernel, kernel._dequantize_4bit_kernel, grid, args, constexprs, options, out)
 
 
-def unsloth_launch(kernel, nf4, W, quant_state, out) -> tuple[Sm75Launch, dict, dict]:
+def unsloth_launch(kernel, utils, nf4, W, quant_state, out) -> tuple[Sm75Launch, dict, dict]:
     """unsloth's fused kernel as its eager dequantize_nf4 launches it for a GPU of capability 7.5 (its own
     configuration table and choice), with the constexprs and options it picked: its launch helper is replaced
-    by a recorder and its capability lookup answers (7, 5) for the one call."""
-    import unsloth.kernels.utils as utils
+    by a recorder and its capability lookup answers (7, 5) for the one call (utils, nf4: unsloth.kernels')."""
     absmax, shape, dtype, blocksize, code, code2, absmax2, offset, blocksize2 = utils._unpack_quant_state(quant_state)
     seen = []
 
@@ -260,7 +259,7 @@ def timed_and_checked(launch: Sm75Launch, expected: torch.Tensor, flush) -> dict
 # ---------------------------------------------------------------------------------------------
 # The benchmark
 # ---------------------------------------------------------------------------------------------
-def measure_shape(kernel, nf4, out_features, in_features, dtype, configs, flush) -> dict:
+def measure_shape(kernel, utils, nf4, out_features, in_features, dtype, configs, flush) -> dict:
     import bitsandbytes.functional as bnbf
     layer = helpers.make_layer(out_features, in_features, dtype)
     W, qs = layer.weight, layer.weight.quant_state
@@ -281,7 +280,7 @@ def measure_shape(kernel, nf4, out_features, in_features, dtype, configs, flush)
         row["hand_bf16_rounding"] = {"config": list(configs[0]), **timed_and_checked(launch, reference, flush)}
     if nf4 is not None:  # unsloth's fused kernel, with the configuration it picks for capability 7.5
         out = torch.empty_like(reference)
-        launch, constexprs, options = unsloth_launch(kernel, nf4, W, qs, out)
+        launch, constexprs, options = unsloth_launch(kernel, utils, nf4, W, qs, out)
         entry = timed_and_checked(launch, reference, flush)
         row["unsloth"] = {"config": unsloth_config(constexprs, options, qs.blocksize),
                           "jit_build_bit_exact": torch.equal(out, reference), **entry, **launch.facts()}
@@ -309,7 +308,7 @@ def run(candidates, name: str) -> dict:
     env = helpers.environment(vars(kernel))
     configs, flush = t4_configs(kernel, candidates), timing.l2_flush()
     print(TITLE.format(gpu=env["gpu"]), flush=True)
-    shapes = [measure_shape(kernel, nf4, *shape, configs, flush) for shape in helpers.KERNEL_SHAPES]
+    shapes = [measure_shape(kernel, utils, nf4, *shape, configs, flush) for shape in helpers.KERNEL_SHAPES]
     results = {"what": TITLE.format(gpu=env["gpu"]), "method": METHOD, "candidates": [list(c) for c in configs],
                "unsloth_t4_config_rule": unsloth_rule() if nf4 else "unsloth not installed", "shapes": shapes}
     results["recommendation"] = recommend(results)
