@@ -182,17 +182,20 @@ def _unsloth_nf4_sha256() -> str | None:
     return hashlib.sha256(nf4.read_bytes()).hexdigest() if nf4 and nf4.is_file() else None
 
 
-def environment(cells: dict | None = None) -> dict:
-    """The current GPU's facts and the library versions: printed, in every plot's subtitle and result file; with
-    `cells` (the kernel cells' namespace: the notebook's globals(), or vars() of the module benchmarks/cells.py
-    loads) the hash of the cells that ran (paste_unit_sha256)."""
+def environment(cells: dict | None = None, gpu: bool | None = None) -> dict:
+    """The current GPU's facts (with `gpu` False, none: an analysis that runs without one) and the library versions:
+    printed, in every plot's subtitle and result file; with `cells` (the kernel cells' namespace: the notebook's
+    globals(), or vars() of the module benchmarks/cells.py loads) the hash of the cells that ran
+    (paste_unit_sha256)."""
     facts = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
              "python": platform.python_version(), "torch": torch.__version__, "triton": _version("triton"),
              "bitsandbytes": _version("bitsandbytes"), "unsloth": _version("unsloth"),
              "unsloth_nf4_sha256": _unsloth_nf4_sha256(),
              "gpu": "none (CPU, TRITON_INTERPRET=1)", "capability": None, "driver": None, "sm_count": None,
              "peak_bandwidth_gbs": None}
-    if torch.cuda.is_available():
+    if gpu is None:
+        gpu = torch.cuda.is_available()
+    if gpu:
         device = torch.cuda.current_device()
         props = torch.cuda.get_device_properties(device)
         facts.update(device=device, gpu=props.name, capability=f"{props.major}.{props.minor}",

@@ -319,8 +319,8 @@ T4_PUBLIC_RUNS = (
     "Both most likely ran the classic path: unsloth's released fast_dequantize launched bitsandbytes' three kernels "
     "until the fused path shipped.")
 EMULATION_CAVEAT = (  # the sm_75 builds' times: the notebook's "The T4 path", from results/<gpu>/t4_code.json
-    "Conservative for ours: every kernel gets the same T4 GPU time for its bytes, while ours' sm_75 build ran "
-    "faster than unsloth's (The T4 path, in the appendix).")
+    "Every kernel gets the same T4 GPU time for its bytes, so the emulation weighs the host's share alone; how the "
+    "kernels' own sm_75 builds compare is The T4 path, in the appendix.")
 
 
 def _either(values: Sequence) -> str:

@@ -472,7 +472,7 @@ def main(argv=None):
     report = {
         "what": "SASS instruction mix of the NF4 kernel built for sm_75 (T4) per candidate launch "
                 "configuration, against Turing's issue rates and the T4's DRAM bandwidth",
-        "environment": {**helpers.environment(vars(kernel)),
+        "environment": {**helpers.environment(vars(kernel), gpu=False),
                         "gpu": "none: built for sm_75 over tests/offline_gpu.py's stand-in GPU"},
         "method": "Triton's JIT over tests/offline_gpu.py's stand-in sm_75 GPU (the specialization a T4 gets) "
                   "builds the kernel on a 64x8192 nested NF4 weight (no masked tail); nvdisasm -c and cuobjdump "
