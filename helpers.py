@@ -111,7 +111,7 @@ def install_missing(gpu: bool, fetched: Sequence[str] = ()) -> str:
     if gpu and torch.cuda.get_device_capability() < (7, 0):
         raise RuntimeError(f"{torch.cuda.get_device_name()} (compute capability {torch.cuda.get_device_capability()}) "
                            "is older than this kernel supports (7.0): pick a T4 or a newer GPU for this runtime.")
-    keep = {package: _version(package) for package in KEPT if importlib.util.find_spec(package) is not None}
+    keep = {package: package_version(package) for package in KEPT if importlib.util.find_spec(package) is not None}
     missing, missing_unsloth = {}, {}
     for package, spec in PACKAGES.items():
         if importlib.util.find_spec(package) is None or package == "bitsandbytes" and _bitsandbytes_too_old():
@@ -125,11 +125,11 @@ def install_missing(gpu: bool, fetched: Sequence[str] = ()) -> str:
         if result.returncode != 0:
             hint = " (on Kaggle, turn on Internet in the notebook's settings)" if runtime_name() == "Kaggle" else ""
             raise RuntimeError(f"pip could not install {', '.join(missing.values())}{hint}:\n{result.stderr[-2000:]}")
-        installed = [f"{package} {_version(package)}" for package in missing]
+        installed = [f"{package} {package_version(package)}" for package in missing]
     if missing_unsloth:
         result = _pip_install(missing_unsloth.values(), keep, "--no-deps")
         if result.returncode == 0:
-            installed.append(f"unsloth {_version('unsloth')} (kernels only)")
+            installed.append(f"unsloth {package_version('unsloth')} (kernels only)")
         else:
             note = "; unsloth could not be installed: its baselines are skipped"
     # What it did, then what it kept (or, having installed nothing, the versions found): one line
@@ -142,7 +142,7 @@ def install_missing(gpu: bool, fetched: Sequence[str] = ()) -> str:
         if gpu and importlib.util.find_spec("unsloth") is not None:
             shown.append("unsloth")
         did = f"{where}: nothing installed" if missing_unsloth else f"{where}: nothing to install"
-        found = "(" + ", ".join(f"{package} {_version(package)}" for package in shown) + ")"
+        found = "(" + ", ".join(f"{package} {package_version(package)}" for package in shown) + ")"
     found += note
     if fetched:
         found += f"; fetched {', '.join(fetched)}"
@@ -158,7 +158,7 @@ def install_missing(gpu: bool, fetched: Sequence[str] = ()) -> str:
 UNSLOTH_NF4_SHA256 = {"f4dd101d1dd86e46a1e096aea1ad19fb27d8e39233cfb99a61240ca495d44a52": "2026.10.9"}
 
 
-def _version(package: str) -> str:
+def package_version(package: str) -> str:
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:  # copied in without metadata, or absent
@@ -188,8 +188,8 @@ def environment(cells: dict | None = None, gpu: bool | None = None) -> dict:
     globals(), or vars() of the module benchmarks/cells.py loads) the hash of the cells that ran
     (paste_unit_sha256)."""
     facts = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-             "python": platform.python_version(), "torch": torch.__version__, "triton": _version("triton"),
-             "bitsandbytes": _version("bitsandbytes"), "unsloth": _version("unsloth"),
+             "python": platform.python_version(), "torch": torch.__version__, "triton": package_version("triton"),
+             "bitsandbytes": package_version("bitsandbytes"), "unsloth": package_version("unsloth"),
              "unsloth_nf4_sha256": _unsloth_nf4_sha256(),
              "gpu": "none (CPU, TRITON_INTERPRET=1)", "capability": None, "driver": None, "sm_count": None,
              "peak_bandwidth_gbs": None}
@@ -674,5 +674,6 @@ def pack_run(directory: Path, notebook: dict | None = None) -> str:
         shutil.copy(archive, Path("/kaggle/working") / archive.name)
         where += f" (also /kaggle/working/{archive.name}, this notebook's output)"
     with_notebook = "with" if f"{inside}/{NOTEBOOK_NAME}" in names else "without"
-    return (f"Packed {where}, {with_notebook} the executed notebook. To make it the repository's: unzip it at the "
-            f"repository's root, then run python -m benchmarks.headline {inside}")
+    return "\n".join([wrap(f"Packed {where}, {with_notebook} the executed notebook."),
+                      "To make it the repository's, unzip it at the repository's root and run",
+                      f"    python -m benchmarks.headline {inside}"])

@@ -303,24 +303,29 @@ DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 LINE_WIDTH = 100  # the list of replaced functions, wrapped
 
 
-def qlora_llama(shape, dtype, device, directory):
-    """A Llama with random weights, saved and loaded back 4-bit as a checkpoint is (NF4, double
-    quantization, `dtype` weights and compute), with LoRA adapters on every linear layer."""
-    from peft import LoraConfig, get_peft_model
+def quantized_llama(shape, dtype, device, directory, compute_dtype=None, attn_implementation="eager"):
+    """A Llama with random weights (LlamaConfig(**shape)) in `dtype`, saved to `directory` and loaded back
+    4-bit as a checkpoint is: BitsAndBytesConfig, NF4, double quantization, compute in `compute_dtype`
+    (default: `dtype`). Eager attention unless asked: its backward is deterministic on the GPU."""
     from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
     LlamaForCausalLM(LlamaConfig(**shape)).to(dtype).save_pretrained(directory)
-    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                      bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype)
-    model = LlamaForCausalLM.from_pretrained(directory, quantization_config=quantization,
-                                             dtype=dtype, device_map={"": device},
-                                             attn_implementation="eager")
+    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                      bnb_4bit_compute_dtype=compute_dtype or dtype)
+    model = LlamaForCausalLM.from_pretrained(directory, quantization_config=quantization, dtype=dtype,
+                                             device_map={"": device}, attn_implementation=attn_implementation)
     # bitsandbytes' CPU-only repacking for inference: keep one layout
     for module in model.modules():
         if hasattr(module, "support_avx512bf16_for_cpu"):
             module.support_avx512bf16_for_cpu = False
-    # random adapters (peft's default B = 0 would make every A gradient zero)
-    lora = LoraConfig(r=8, target_modules="all-linear", init_lora_weights=False)
+    return model
+
+
+def with_lora(model, **config):
+    """peft LoRA on every linear layer (QLoRA; rank 8 unless `config` says otherwise), its adapters random:
+    peft's default B = 0 would make every A gradient zero."""
+    from peft import LoraConfig, get_peft_model
+    lora = LoraConfig(**{"r": 8, "target_modules": "all-linear", **config, "init_lora_weights": False})
     return get_peft_model(model, lora)
 
 
@@ -334,14 +339,14 @@ def lora_step(model, ids):
 
 
 def _quietly_loaded_llama(shape, dtype, device):
-    """qlora_llama in a temporary directory, without transformers' save and load progress bars
+    """quantized_llama with LoRA, in a temporary directory, without transformers' save and load progress bars
     (for a model of a few MB); the bars are switched back on if they were on."""
     from transformers.utils import logging as transformers_logging
     bars = transformers_logging.is_progress_bar_enabled()
     transformers_logging.disable_progress_bar()
     try:
         with tempfile.TemporaryDirectory() as directory:
-            return qlora_llama(shape, dtype, device, directory)
+            return with_lora(quantized_llama(shape, dtype, device, directory))
     finally:
         if bars:
             transformers_logging.enable_progress_bar()

@@ -96,17 +96,23 @@ def _fit(markdown: str) -> str:
     return "\n".join(fitted)
 
 
+def _notebook_display():
+    """IPython's display where a notebook's kernel runs this code, else None."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        return None
+    return display if get_ipython() is not None else None
+
+
 def show(markdown: str, display_id: bool = False):
     """Markdown rendered in a notebook (its plain-text fallback the same text), printed elsewhere; lines
     fitted to MAX_LINE (`_fit`). With display_id=True, returns the display's handle for `.update`
     (None outside a notebook)."""
     markdown = _fit(markdown)
-    try:
-        from IPython import get_ipython
-        from IPython.display import display
-    except ImportError:
-        get_ipython = lambda: None
-    if get_ipython() is None:
+    display = _notebook_display()
+    if display is None:
         print(markdown)
         return None
     return display(Shown(markdown), display_id=display_id or None)
@@ -448,9 +454,7 @@ def saved_split(procedure: dict, baseline: str) -> dict | None:
     if not ours or not base or not all("issue_us" in case for case in [*ours, *base]):
         return None
     ours_mean, base_mean = mean_split(ours), mean_split(base)
-    saved = {key: base_mean[key] - ours_mean[key] for key in ("issue_us", "wait_us", "gpu_us")}
-    saved["wall_us"] = saved["issue_us"] + saved["wait_us"]
-    return saved
+    return {key: base_mean[key] - ours_mean[key] for key in ("issue_us", "wait_us", "gpu_us", "wall_us")}
 
 
 SPLIT_COLUMNS = ("**wall** = **issue** + **wait**; issue: from the call to its return (.t() included); wait: inside "
@@ -547,11 +551,6 @@ def _distinct_kernels(names: Sequence[str]) -> list[tuple[str, str]]:
 FIGURE_WIDTH, FIGURE_DPI, FONT_MIN = 9.0, 100, 9
 
 
-def _subtitle(env: dict) -> str:
-    """The environment, once per figure: 'GPU · torch x · triton y · bitsandbytes z · unsloth w'."""
-    return versions_line(env, date=False)
-
-
 def _bars(ax, groups: int, series: Sequence[tuple[str, list[float]]], fmt: str) -> float:
     """One bar per (label, values) series in each of `groups` groups, its value written dark on a light
     box at its foot, inside the bar, clear of every reference line (they all lie higher). A series of
@@ -571,12 +570,8 @@ def _bars(ax, groups: int, series: Sequence[tuple[str, list[float]]], fmt: str) 
 def _display_image(png: bytes, alt: str, width_px: int) -> None:
     """A PNG shown with alt text: an <img> for HTML readers (nbconvert, GitHub, Colab), the PNG itself, and the
     alt text as the plain-text fallback; outside a notebook, the alt text printed."""
-    try:
-        from IPython import get_ipython
-        from IPython.display import display
-    except ImportError:
-        get_ipython = None
-    if get_ipython is None or get_ipython() is None:
+    display = _notebook_display()
+    if display is None:
         print(f"[figure: {alt}]")
         return
     data = base64.b64encode(png).decode()
@@ -620,7 +615,7 @@ def _legend_below(fig, axes) -> None:
 def _finish(fig, ax, what: str, how: str, env: dict, path: Path | None):
     """The title (what) over the environment's one-line subtitle, the method (how) over the axes, the legend
     below them."""
-    fig.suptitle(f"{what}\n{_subtitle(env)}", fontsize=11)
+    fig.suptitle(f"{what}\n{versions_line(env, date=False)}", fontsize=11)
     ax.set_title(how, fontsize=FONT_MIN)
     _legend_below(fig, [ax])
     return _save(fig, path)
@@ -724,7 +719,8 @@ def plot_time_split(procedure: dict, env: dict, path: Path | None = None):
         ax.set_yticks(ys, [column(m) for m in methods], fontsize=FONT_MIN)
         ax.invert_yaxis()  # first method on top
     axes[-1, 0].set_xlabel("µs per call: wall = issue + wait")
-    fig.suptitle(f"Where one call's time goes in the published procedure's loop\n{_subtitle(env)}", fontsize=11)
+    what = "Where one call's time goes in the published procedure's loop"
+    fig.suptitle(f"{what}\n{versions_line(env, date=False)}", fontsize=11)
     _legend_below(fig, axes[:, 0])
     return _save(fig, path)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import importlib.metadata
+import math
 import os
 import statistics
 import sys
@@ -34,62 +34,23 @@ from benchmarks.cells import load_kernel_cells
 MODELS = {
     # ~110M parameters: many small weights, where launch costs weigh most
     "small": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
-                  num_key_value_heads=4, vocab_size=32000),
+                  num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096),
     # Llama-3.2-1B's shape (1.24B parameters)
     "1.2B": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                 num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),
+                 num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, max_position_embeddings=4096),
 }
 TRAIN_SHAPE = (4, 1024)  # (batch, sequence) of a training step: 4096 tokens
 PREFILL_SHAPES = ((1, 512), (1, 2048), (4, 2048))
-LORA = dict(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear")
+LORA = dict(r=16, lora_alpha=32, lora_dropout=0.0)  # on every linear layer (model_patch.with_lora)
 OURS_KERNEL = "_dequantize_4bit_kernel"
 BNB_KERNEL = "kDequantizeBlockwise"  # bitsandbytes' absmax-code and 4-bit dequantize kernels
 BNB_RANGE = "bitsandbytes dequantize"  # marks bitsandbytes' dequantize calls in the profiled step
 
 
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype):
-    """torch's default dtype set to `dtype` inside the block, the previous one restored after."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
-def quantized_llama(shape: dict, compute_dtype: torch.dtype, device: str, directory: str,
-                    attn_implementation: str = "sdpa"):
-    """A Llama with random weights (LlamaConfig(**shape)), saved to `directory` and loaded back 4-bit
-    the way a user loads a checkpoint: BitsAndBytesConfig, NF4, double quantization, weights and
-    compute in `compute_dtype`. Returns the model and its parameter count before quantization."""
-    from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(max_position_embeddings=4096, **shape)
-    torch.manual_seed(0)
-    with torch.device(device), default_dtype(compute_dtype):
-        model = LlamaForCausalLM(config)
-        parameters = sum(p.numel() for p in model.parameters())
-        model.save_pretrained(directory)
-        del model
-    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                      bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute_dtype)
-    model = LlamaForCausalLM.from_pretrained(directory, quantization_config=quantization, dtype=compute_dtype,
-                                             device_map={"": device}, attn_implementation=attn_implementation)
-    if device == "cpu":
-        # bitsandbytes repacks a CPU weight for its AVX512-BF16 kernel on the first eval forward,
-        # for inference only; keep the one layout that training and the GPU use.
-        import bitsandbytes as bnb
-        for module in model.modules():
-            if isinstance(module, bnb.nn.Linear4bit):
-                module.support_avx512bf16_for_cpu = False
-    return model, parameters
-
-
-def with_lora(model, **overrides):
-    """peft LoRA on every linear layer (QLoRA), adapters initialised at random so that every
-    gradient is non-zero (peft's default zero B would leave the A gradients zero)."""
-    from peft import LoraConfig, get_peft_model
-    return get_peft_model(model, LoraConfig(**{**LORA, "init_lora_weights": False, **overrides}))
+def parameter_count(model) -> int:
+    """The model's parameters as before quantizing: a 4-bit weight counts its quant state's shape."""
+    return sum(math.prod(p.quant_state.shape) if hasattr(p, "quant_state") else p.numel()
+               for p in model.parameters())
 
 
 def set_checkpointing(model, on: bool):
@@ -257,9 +218,9 @@ def model_rows(name: str, kernel, repeats: int, device: str = "cuda", train_shap
     shape = MODELS[name]
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as directory:
         start = time.perf_counter()
-        model, parameters = quantized_llama(shape, torch.bfloat16, device, directory)
+        model = model_patch.quantized_llama(shape, torch.bfloat16, device, directory, attn_implementation="sdpa")
         load_s = time.perf_counter() - start
-    info = {"config": shape, "parameters": parameters, "load_s": round(load_s, 1),
+    info = {"config": shape, "parameters": parameter_count(model), "load_s": round(load_s, 1),
             "weights_4bit": sum(1 for m in model.modules() if type(m).__name__ == "Linear4bit")}
     generator = torch.Generator().manual_seed(0)
     rows = []
@@ -269,7 +230,7 @@ def model_rows(name: str, kernel, repeats: int, device: str = "cuda", train_shap
         rows.append(measure(f"prefill {batch}x{sequence}", work, kernel, repeats, batch * sequence,
                             same_result(work, kernel)))
         print_row(name, rows[-1])
-    model = with_lora(model)
+    model = model_patch.with_lora(model, **LORA)
     info["lora_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
     batch, sequence = train_shape
     ids = torch.randint(0, shape["vocab_size"], (batch, sequence), generator=generator).to(device)
@@ -301,16 +262,6 @@ def print_row(model, r):
           f"{f'{ours}/{fused}':>11} {str(r['same_output']):>5}", flush=True)
 
 
-def _versions() -> dict:
-    out = {}
-    for package in ("transformers", "peft", "accelerate"):
-        try:
-            out[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            out[package] = "not installed"
-    return out
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the small model only, 5 repeats")
@@ -320,7 +271,8 @@ def main():
         raise SystemExit("benchmarks.model times a GPU; the CPU checks are tests/test_model.py")
     repeats = args.repeats or (5 if args.quick else 10)
     kernel = load_kernel_cells()
-    env = {**helpers.environment(vars(kernel)), **_versions()}
+    env = helpers.environment(vars(kernel))
+    env.update({package: helpers.package_version(package) for package in ("transformers", "peft", "accelerate")})
     print(", ".join(f"{k} {env[k]}" for k in ("gpu", "driver", "torch", "triton", "bitsandbytes",
                                               "transformers", "peft", "accelerate")))
     print(HEADER)

@@ -74,22 +74,10 @@ def calls(kernel, monkeypatch):
 
 
 def _quantized_model(tmp_path, shape, weights_dtype, compute_dtype):
-    from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
-    if weights_dtype == compute_dtype:  # the benchmark's loader: what the tests check is what it times
-        model, _ = model_benchmark.quantized_llama(shape, compute_dtype, DEVICE, str(tmp_path),
-                                                   attn_implementation="eager")
-    else:
-        torch.manual_seed(0)
-        LlamaForCausalLM(LlamaConfig(**shape)).to(weights_dtype).save_pretrained(tmp_path)
-        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                          bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute_dtype)
-        model = LlamaForCausalLM.from_pretrained(tmp_path, quantization_config=quantization, dtype=weights_dtype,
-                                                 device_map={"": DEVICE}, attn_implementation="eager")
-        for module in model.modules():  # as quantized_llama does on the CPU
-            if hasattr(module, "support_avx512bf16_for_cpu"):
-                module.support_avx512bf16_for_cpu = False
-    # eager attention: its backward is deterministic on the GPU (sdpa's fused ones need not be)
-    return model_benchmark.with_lora(model, r=4)
+    """The loader the benchmark and the notebook's check use (eager attention: its backward is deterministic on
+    the GPU, sdpa's fused ones need not be), with LoRA of rank 4."""
+    model = model_patch.quantized_llama(shape, weights_dtype, DEVICE, str(tmp_path), compute_dtype)
+    return model_patch.with_lora(model, r=4)
 
 
 def _step(model, ids):

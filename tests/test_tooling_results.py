@@ -226,8 +226,9 @@ def test_a_run_is_packed_into_one_archive_named_as_in_the_repository(tmp_path, m
     assert names == ["results/tesla-t4/Unsloth_Puzzles_NF4.ipynb", "results/tesla-t4/notebook.json",
                      "results/tesla-t4/procedure.png"]
     assert notebook == {"cells": [], "nbformat": 4}
-    assert said == ("Packed 3 files of results/tesla-t4/ in results/tesla-t4.zip, with the executed notebook. To "
-                    "make it the repository's: unzip it at the repository's root, then run python -m "
-                    "benchmarks.headline results/tesla-t4")
+    assert said.splitlines() == [
+        "Packed 3 files of results/tesla-t4/ in results/tesla-t4.zip, with the executed notebook.",
+        "To make it the repository's, unzip it at the repository's root and run",
+        "    python -m benchmarks.headline results/tesla-t4"]  # the command on a line of its own, to copy
     said = helpers.pack_run(folder)  # outside Colab no notebook to read: the folder's files alone
     assert "Packed 2 files" in said and "without the executed notebook" in said
