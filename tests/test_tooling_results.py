@@ -4,6 +4,7 @@ give; every number the README's prose states is a result file's; committed outpu
 the README's commands are what CI runs."""
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -159,21 +160,54 @@ def _derived(results: dict):
         yield from (result["median_s"] / floor_s for result in procedure.values())
 
 
+def _folder_values(folder: Path) -> list[float]:
+    """Every number a results folder's files hold, and what the README may derive from them (_derived)."""
+    values = []
+    for path in sorted(folder.glob("*.json")):
+        results = json.loads(path.read_text())
+        values += [*_leaves(results), *_derived(results)]
+    return values
+
+
+def _named_gpu(folder: Path) -> str:
+    """How the README names a folder's GPU: 'nvidia-h200' -> 'H200', 'tesla-t4' -> 'T4'."""
+    return folder.name.split("-")[1].upper()
+
+
 def test_every_number_the_readme_results_prose_states_is_a_result_files():
+    """A number in a sentence of the Results prose is one of the headline folder's result files (or of the folder
+    of another GPU the same sentence names), or one of the constants the code states."""
     readme = (ROOT / "README.md").read_text()
     source, block = headline.current_headline("readme")
     results_text = readme.split("## Results", 1)[1].split("\n## ", 1)[0].replace(block, "")
-    values = [timing.T4_COPY_GBS, report.PUZZLE_TARGET, helpers.procedure_bytes() / 1e9 / timing.T4_COPY_GBS]
-    for path in sorted((ROOT / "results").glob("*/*.json")):
-        results = json.loads(path.read_text())
-        values += [*_leaves(results), *_derived(results)]
-    stated = STATED.findall(results_text)
+    constants = [timing.T4_COPY_GBS, report.PUZZLE_TARGET, helpers.procedure_bytes() / 1e9 / timing.T4_COPY_GBS,
+                 *timing.T4_HOST_FACTORS]
+    headline_values = constants + _folder_values(ROOT / source)
+    others = [folder for folder in sorted((ROOT / "results").iterdir())
+              if folder.is_dir() and folder != ROOT / source and "-" in folder.name]
+    sentences = re.split(r"(?<=[.:;])\s+(?=[A-Z*(])", " ".join(results_text.split()))
+    stated = [(sentence, number, unit) for sentence in sentences for number, unit in STATED.findall(sentence)]
     assert stated, "the Results prose states no number"
-    for number, unit in stated:
+    for sentence, number, unit in stated:
+        values = headline_values + [value for folder in others if _named_gpu(folder) in sentence
+                                    for value in _folder_values(folder)]
         decimals = len(number.split(".")[1]) if "." in number else 0
         scale = 100 if unit == "%" else 1
         assert any(round(value * scale, decimals) == float(number) for value in values), (
-            f"the README states {number} {unit}, which no result file gives")
+            f"the README states {number} {unit} ('{sentence[:80]}...'), which no result file of {source} gives")
+
+
+README_WORDS = 1200  # issue 37: outside the generated headline
+
+
+def test_the_readme_is_short_and_its_quick_start_says_what_a_newcomer_needs():
+    readme = (ROOT / "README.md").read_text()
+    _, block = headline.current_headline("readme")
+    words = len(readme.replace(block, "").split())
+    assert words <= README_WORDS, f"the README is {words} words outside its headline"
+    quick_start = "\n".join(readme.splitlines()[:40])
+    for needed in ("File → Upload notebook", "publish.sh", 'NF4_TRITONS=""', " GB"):
+        assert needed in quick_start, f"the quick start (the first 40 lines) does not say {needed!r}"
 
 
 # ---------------------------------------------------------------------------------------------
