@@ -75,6 +75,12 @@ def _reaching_the_gpu(value):
     return value
 
 
+def _form(args) -> tuple:
+    """What tells one kernel's launch from another's through the same launch function: how many arguments, and
+    how many inside each tuple among them."""
+    return tuple(len(value) if isinstance(value, tuple) else None for value in args)
+
+
 class FakeLaunch:
     """Stands in for a C launch function: raises TypeError where the real one's PyArg_ParseTuple
     would, and `error` (when set: a sticky CUDA error, say) on every call."""
@@ -82,11 +88,13 @@ class FakeLaunch:
 
     def __init__(self, fmt):
         self.fmt, self.calls, self.problems, self.error = fmt, 0, [], None
-        self.output = None  # (the tensor launches write, where it sits in the call once found)
+        # (the tensor launches write, where it sits in the call once found, the call's form then): Triton >= 3.7
+        # launches every kernel through one launch function, and only calls of that form are that kernel's
+        self.output = None
         FakeLaunch.made.append(self)
 
     def expect_output(self, tensor):
-        self.output = (tensor, None)
+        self.output = (tensor, None, None)
 
     def __call__(self, *args):
         self.calls += 1
@@ -98,7 +106,7 @@ class FakeLaunch:
             raise TypeError(f"the launch's arguments do not parse: {problems[0]}")
         if self.output is None:
             return
-        tensor, path = self.output
+        tensor, path, form = self.output
         if path is None:  # the first call after expect_output is Triton's own: find the tensor
             for i, value in enumerate(args):
                 if value is tensor:
@@ -108,7 +116,10 @@ class FakeLaunch:
             if path is None:
                 self.problems.append("the output is not among the arguments")
                 return
-            self.output = (tensor, path)
+            form = _form(args)
+            self.output = (tensor, path, form)
+        if _form(args) != form:  # another kernel's launch: it writes nothing here
+            return
         plain = [_reaching_the_gpu(a) for a in args]
         if len(path) == 1:
             target, plain[path[0]] = plain[path[0]], "out"

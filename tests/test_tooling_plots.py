@@ -230,12 +230,12 @@ def test_a_figure_that_breaks_the_rules_is_caught(tmp_path):
     _reads_at_a_glance(fig)  # and pass once the figure keeps them
 
 
-@pytest.mark.parametrize("name", ["t4_code", "t4_code_wide"])
-def test_the_t4_heatmap_has_a_labelled_colour_bar_and_dark_cells(monkeypatch, tmp_path, name):
-    t4_benchmark = pytest.importorskip("t4_benchmark")
-    path = ROOT / "results" / "nvidia-h200" / f"{name}.json"
-    if not path.exists():
-        pytest.skip(f"no {path.name}")
+T4_CODE_FILES = sorted((ROOT / "results").glob("*/t4_code*.json"))
+
+
+@pytest.mark.parametrize("path", T4_CODE_FILES, ids=[f"{p.parent.name}/{p.stem}" for p in T4_CODE_FILES])
+def test_the_t4_heatmap_has_a_labelled_colour_bar_and_dark_cells(monkeypatch, tmp_path, path):
+    from benchmarks import t4_code
     closed = []
     monkeypatch.setattr(plt, "close", closed.append)
     t4_code.plot(json.loads(path.read_text()), tmp_path / "t4.png")
