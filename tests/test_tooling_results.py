@@ -225,6 +225,27 @@ def _output_texts(notebook):
                     yield "".join(data) if isinstance(data, list) else json.dumps(data)
 
 
+def test_a_result_file_names_its_cells_and_one_from_other_cells_says_so():
+    """Every committed result file names the kernel cells that measured it; a file measured by other cells than the
+    committed ones carries a label that says so and names them (else it must be measured again), and a file of the
+    committed cells carries no such label."""
+    from benchmarks.cells import notebook_paste_unit_sha256
+    committed = notebook_paste_unit_sha256()
+    files = sorted((ROOT / "results").glob("*/*.json"))
+    assert files
+    for path in files:
+        results = json.loads(path.read_text())
+        stamp = results["environment"]["paste_unit_sha256"]
+        label = results.get("label", "")
+        name = path.relative_to(ROOT)
+        if stamp == committed:
+            assert "other kernel cells" not in label, f"{name} is the committed cells' but labelled otherwise"
+        else:
+            assert label.startswith("Measured by other kernel cells") and stamp[:12] in label, (
+                f"{name} was measured by cells {stamp[:12]}, not the committed {committed[:12]}: measure it again, "
+                "or label it")
+
+
 def test_committed_outputs_name_no_machine_paths():
     notebook = json.loads((ROOT / "Unsloth_Puzzles_NF4.ipynb").read_text())
     found = [m.group(0) for text in _output_texts(notebook) for m in [MACHINE_PATH.search(text)] if m]
