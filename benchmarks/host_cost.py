@@ -4,9 +4,10 @@ weight: results/<gpu>/host_cost.json.
 
     python -m benchmarks.host_cost OLD.ipynb
 
-Timed: triton_dequantize_nf4 from these cells and from OLD's; the floor (HOST_COST_FLOOR); the replay
-alone; the compiled launcher's Python entry (FIXED_CALL); a new weight's first call (FIRST_CALL); a
-call through Triton's own launch; unsloth's fused path. Many short rounds: the GPU
+Timed: triton_dequantize_nf4 from these cells and from OLD's; the floor (HOST_COST_FLOOR); the C launch
+alone (C_LAUNCH); a plan's direct launch through the compiled launcher's Python entry (DIRECT); a new
+weight's first call (FIRST_CALL), these cells' and OLD's; a call through Triton's own launch; unsloth's
+fused path. Many short rounds: the GPU
 machines' hosts switch between a fast and a slow mode within seconds, and a long round can catch one
 method in the other mode.
 """
@@ -23,52 +24,65 @@ import helpers
 import timing
 from benchmarks.cells import load_kernel_cells
 
-HOST_COST_FLOOR = ("torch.empty of the output plus Triton's C launcher called with the arguments Triton passed it, "
-                   "nothing checked (a plan's own recorded launch, allocating with torch.empty)")
-FIXED_CALL = ("the compiled launcher's Python entry called directly with the same arguments, nothing checked "
-              "(unsloth's triton_launch.py style), allocating with torch.empty_strided as the replay does")
+HOST_COST_FLOOR = ("torch.empty of the output plus Triton's C launch function called with the values the compiled "
+                   "launcher passes it for this weight, nothing checked (recorded once from a plan's launch)")
+C_LAUNCH = "the same C launch, allocating with torch.empty_strided as a plan does (what a recorded replay costs)"
+DIRECT = ("a plan's own launch alone: the compiled launcher's Python entry (compiled.run), as unsloth's "
+          "triton_launch.py calls it, allocating with torch.empty_strided, nothing checked")
 FIRST_CALL = ("a new weight's first call: a QuantState the launch path has not seen, with its own absmax and codebook "
-              "tensors (bitsandbytes makes them per weight), its launch's template recorded before (by an earlier weight "
-              "of its key): validation, the weight's plan made from the template (its fields watched, a finalizer "
-              "on its QuantState), its launch")
+              "tensors (bitsandbytes makes them per weight), its kind's compiled kernel known (from an earlier weight "
+              "of its kind): validation, the weight's plan made and kept, its launch")
 
 
-def unchecked_calls(plan, kernel, W, q) -> dict:
-    """The floor (HOST_COST_FLOOR), the replay alone and the fixed call (FIXED_CALL), built from W's plan: its own
-    allocation and recorded launch, with its checks left out."""
+def recorded_c_launch(plan, out):
+    """The C launch function the plan's launcher calls, the values it passes for `out`, and where out's address
+    sits among them: (position, None), or (position, place) inside the tuple there (Triton 3.7+)."""
+    launcher = plan.kind.launcher
+    c_launch, calls = launcher.launch, []
+    launcher.launch = lambda *values: calls.append(values)  # records, launches nothing
+    try:
+        plan.launch(out)
+    finally:
+        launcher.launch = c_launch
+    values, address = list(calls[0]), out.data_ptr()
+    for position, value in enumerate(values):
+        if value == address:
+            return c_launch, values, (position, None)
+        if isinstance(value, tuple) and address in value:
+            return c_launch, values, (position, value.index(address))
+    raise RuntimeError("the output's address is not among the C launch's values")
+
+
+def unchecked_calls(plan, W, q) -> dict:
+    """The floor (HOST_COST_FLOOR), the C launch alone (C_LAUNCH) and a plan's direct launch alone (DIRECT),
+    built from W's plan with its checks left out."""
     out = plan(W, q)
-    size, stride, dtype, device, gpu = plan.size, plan.stride, plan.dtype, plan.device, plan.gpu
+    size, stride, dtype, device = plan.size, plan.stride, plan.dtype, plan.device
+    c_launch, values, (position, place) = recorded_c_launch(plan, out)
 
-    def launch_into(new):
-        plan.launch.into(new, gpu)
+    def c_launch_into(new):
+        arguments = list(values)
+        if place is None:
+            arguments[position] = new.data_ptr()
+        else:
+            inner = list(arguments[position])
+            inner[place] = new.data_ptr()
+            arguments[position] = tuple(inner)
+        c_launch(*arguments)
         return new
 
     def floor():
-        return launch_into(torch.empty(size, dtype=dtype, device=device))
+        return c_launch_into(torch.empty(size, dtype=dtype, device=device))
 
-    def replay():
-        return launch_into(torch.empty_strided(size, stride, dtype=dtype, device=device))
+    def c_launch_only():
+        return c_launch_into(torch.empty_strided(size, stride, dtype=dtype, device=device))
 
-    layout = kernel.validate(W, q).layout
-    capability = kernel.device_capability(out.device)
-    grid, args, constexprs, options = kernel.launch_arguments(layout, out, kernel.launch_config(capability),
-                                                              capability)
-    compiled = kernel._dequantize_4bit_kernel[grid](*args, **constexprs, **options)
-    constants = [constexprs[name] for name in kernel._dequantize_4bit_kernel.arg_names[len(args):]]
-    if kernel.TRITON_VERSION < (3, 3):  # Triton 3.2's launcher takes no constexprs
-        constants = []
-    addresses = [a.data_ptr() if torch.is_tensor(a) else a for a in args]
-    at = [a is out for a in args].index(True)
-    before, after, grid3 = addresses[:at], [*addresses[at + 1:], *constants], (*grid, 1, 1)[:3]
-
-    def fixed_call():
+    def direct():
         new = torch.empty_strided(size, stride, dtype=dtype, device=device)
-        stream = torch._C._cuda_getCurrentRawStream(gpu)
-        compiled.run(*grid3, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                     *before, new.data_ptr(), *after)
+        plan.launch(new)
         return new
 
-    return {"floor": floor, "replay": replay, "fixed_call": fixed_call}
+    return {"floor": floor, "c_launch": c_launch_only, "direct": direct}
 
 
 def host_cost(new, old, rounds: int = 45, calls: int = 200) -> dict:
@@ -86,7 +100,7 @@ def host_cost(new, old, rounds: int = 45, calls: int = 200) -> dict:
             state.absmax, state.code = q.absmax.clone(), q.code.clone()
         fresh[cells] = iter(fresh[cells])
     timed = {"new": lambda: new.triton_dequantize_nf4(layer), "old": lambda: old.triton_dequantize_nf4(layer),
-             **unchecked_calls(new._plans[new._identity(q)], new, W, q),
+             **unchecked_calls(new._plans[new._identity(q)], W, q),
              "first_call": lambda: new.dequantize_nf4(W, next(fresh["new"])),
              "old_first_call": lambda: old.dequantize_nf4(W, next(fresh["old"])),
              "via_triton": lambda: new.dequantize_nf4_via_triton(W, q)}
@@ -100,10 +114,10 @@ def host_cost(new, old, rounds: int = 45, calls: int = 200) -> dict:
     medians = {name: sorted(values)[rounds // 2] for name, values in samples.items()}
     fused = medians.get("unsloth_fused")
     return {"layer": str(helpers.KERNEL_SHAPES[0]), "method": timing.HOST_TIME_METHOD, "floor": HOST_COST_FLOOR,
-            "fixed_call": FIXED_CALL, "first_call": FIRST_CALL, "calls_per_round": calls,
+            "c_launch": C_LAUNCH, "direct": DIRECT, "first_call": FIRST_CALL, "calls_per_round": calls,
             "rounds_us": samples, "median_us": medians, "new_over_floor": medians["new"] / medians["floor"],
-            "old_over_floor": medians["old"] / medians["floor"], "new_over_replay": medians["new"] / medians["replay"],
-            "fixed_call_over_replay": medians["fixed_call"] / medians["replay"],
+            "old_over_floor": medians["old"] / medians["floor"], "new_over_old": medians["new"] / medians["old"],
+            "direct_over_c_launch": medians["direct"] / medians["c_launch"],
             "first_call_over_fused": medians["first_call"] / fused if fused else None,
             "old_first_call_over_fused": medians["old_first_call"] / fused if fused else None,
             "via_triton_over_fused": medians["via_triton"] / fused if fused else None,
@@ -123,9 +137,10 @@ def main(argv=None):
     table = host_cost(new, old)
     table["old_notebook"] = args.old_notebook.name
     print({name: round(us, 2) for name, us in table["median_us"].items()})
-    print(f"new/floor {table['new_over_floor']:.3f}, old/floor {table['old_over_floor']:.3f}, new/replay "
-          f"{table['new_over_replay']:.3f}, fixed call/replay {table['fixed_call_over_replay']:.3f}, first call/fused "
-          f"{table['first_call_over_fused'] or float('nan'):.3f}")
+    print(f"new/floor {table['new_over_floor']:.3f}, old/floor {table['old_over_floor']:.3f}, new/old "
+          f"{table['new_over_old']:.3f}, direct/C launch {table['direct_over_c_launch']:.3f}, first call/fused "
+          f"{table['first_call_over_fused'] or float('nan'):.3f}, old first call/fused "
+          f"{table['old_first_call_over_fused'] or float('nan'):.3f}")
     path = helpers.results_dir(env) / "host_cost.json"
     print("wrote", helpers.write_results(path, env, {"host_cost": timing.HOST_TIME_METHOD}, host_cost=table))
 

@@ -11,8 +11,8 @@ they give bitsandbytes' bits.
 
 How one sm_75 launch is made (Sm75Launch): the kernel is launched through Triton on this GPU, which
 builds the JIT's kernel and its C launcher; the same source, specialization and options are compiled
-for sm_75 and its PTX loaded through the driver; the paste unit's recorder (record_launch) keeps what
-Triton passes its C launch, and the launch replays that with the sm_75 function and launch metadata.
+for sm_75 and its PTX loaded through the driver; the JIT build's launcher (compiled.run) is then called as
+the paste unit's plans call it (launcher_arguments), with the sm_75 function and launch metadata.
 tests/test_t4_gpu.py runs the same on many layouts, bit for bit; tests/t4_static.py counts the
 sm_75 SASS of each candidate.
 """
@@ -54,12 +54,11 @@ COPY_SWEEP = tuple((w, warps, evict) for w, warps in ((2048, 4), (4096, 4), (409
                                                       (16384, 8)) for evict in (True, False))
 CALLS = 50  # timed calls per measurement
 REGRET = 0.03  # the recommended entry may be this much slower than the fastest candidate at a shape
-FUNCTION_POSITION = 4  # Triton's C launch takes grid x, y, z, the stream, then the function
 TITLE = "the T4's sm_75 instructions run on {gpu} through the driver's JIT: not a T4 time"
 METHOD = ("Each kernel compiled for sm_75 with the specialization and options Triton's JIT gives it, the PTX "
-          "loaded through the CUDA driver's JIT on this GPU and launched by Triton's own C launcher with the "
-          "arguments Triton passed it (recorded by the paste unit's record_launch; function and launch metadata "
-          f"swapped). GPU time per call: {timing.GPU_TIME_METHOD}, median of {CALLS} calls. Every output is "
+          "loaded through the CUDA driver's JIT on this GPU and launched by the JIT build's own launcher "
+          "(compiled.run) with the arguments Triton passes it (the paste unit's launcher_arguments; function and "
+          f"launch metadata swapped). GPU time per call: {timing.GPU_TIME_METHOD}, median of {CALLS} calls. Every output is "
           "compared bit for bit with bitsandbytes.functional.dequantize_4bit.")
 
 
@@ -133,34 +132,35 @@ def sm75_build(compiled) -> Sm75Build:
 
 class Sm75Launch:
     """One Triton launch, jit_function[grid](*args, **constexprs, **options), with its sm_75 build in place of
-    the JIT's. Making it launches the JIT's build (into `out`, one of args) and records that launch with the
-    paste unit's record_launch; `into(out)` then runs the sm_75 build into another output."""
+    the JIT's. Making it launches the JIT's build (into `out`, one of args); `into(out)` then calls the JIT
+    build's launcher as the paste unit's plans do (launcher_arguments), with the sm_75 function and launch
+    metadata in place of the JIT build's, into another output."""
 
     def __init__(self, kernel, jit_function, grid, args, constexprs, options, out):
         self.jit_compiled = jit_function[grid](*args, **constexprs, **options)
         self.build = sm75_build(self.jit_compiled)
-        template = kernel.record_launch(jit_function, grid, args, constexprs, options, out)
-        if template is None:
-            raise RuntimeError("the paste unit's recorder could not record this launch")
-        arguments = template.filled([a.data_ptr() if torch.is_tensor(a) else None for a in args]).arguments
-        if arguments[FUNCTION_POSITION] != self.jit_compiled.function:
-            raise RuntimeError("the function handle is not where Triton's C launch takes it")
-        arguments[FUNCTION_POSITION] = self.build.function
-        metadata = tuple(self.jit_compiled.packed_metadata)
-        at = [i for i, value in enumerate(arguments) if type(value) is tuple and value == metadata]
-        if len(at) != 1:
-            raise RuntimeError(f"the launch metadata {metadata} is not one of the launch's arguments")
-        arguments[at[0]] = tuple(self.build.compiled.packed_metadata)  # warps, CTAs, sm_75 shared memory
-        self.launch = template._replace(arguments=arguments)
+        self.grid = (*grid, 1, 1)[:3]
+        self.arguments = kernel.launcher_arguments(jit_function, args, _with_defaults(jit_function, constexprs))
+        self.output = [argument is out for argument in args].index(True)
 
     def into(self, out):
-        self.launch.into(out, out.device.index)
+        arguments = list(self.arguments)
+        arguments[self.output] = out.data_ptr()
+        stream = triton.runtime.driver.active.get_current_stream(out.device.index)  # as Triton's launch asks
+        self.jit_compiled.run(*self.grid, stream, self.build.function, self.build.compiled.packed_metadata,
+                              None, None, None, *arguments)
 
     def facts(self) -> dict:
         sm75 = self.build.compiled
         return {"registers": self.build.registers, "spills": self.build.spills, "shared_bytes": sm75.metadata.shared,
                 "num_warps": sm75.metadata.num_warps, "ptx_bytes": len(sm75.asm["ptx"]),
                 "jit_target": self.jit_compiled.metadata.target.arch}
+
+
+def _with_defaults(jit_function, constexprs: dict) -> dict:
+    """constexprs with the defaults of the kernel's parameters it leaves out (launcher_arguments names them all)."""
+    defaults = {param.name: param.default for param in jit_function.params if param.has_default}
+    return {**defaults, **constexprs}
 
 
 def ours(kernel, layout, out, config, hand_bf16=False) -> Sm75Launch:

@@ -1,14 +1,15 @@
 """The launch path against the installed Triton's own launcher, without a GPU (offline_gpu.py).
 
-For a nested and a plain layout: a key's first call (Triton's launch, then one
-recorded and made a template, whose replay is checked), calls through the weight's plan, a launch
-hook set after the first call and a QuantState field deleted (the plan steps aside); another weight
-of the same key, whose plan is made from the template without a launch by Triton; a launch hook set
-before a key's first call (nothing is learned). Then a sweep of weights that Triton specializes
-differently (addresses off 16 bytes, sizes, dtypes, an fp64 offset): the key must tell apart every
-pair that Triton compiles apart, and each plan must pass exactly what Triton passes for its weight.
-The stand-in's "kernel" writes a digest of every argument but the output, so equal bits mean equal
-arguments. Prints one JSON line. Run in its own process."""
+For a nested and a plain layout: a kind's first call (Triton's launch), calls through the weight's plan
+(a direct launch through the compiled kernel's launcher), the plan stepping aside for a launch hook set
+after the first call, a field deleted, changed or its storage swapped (`t.data = ...`), another GPU
+current; the stream a direct launch passes; another weight of the same kind, planned without a launch by
+Triton. Then: each case the launch path's header names, counted as Triton's launches and direct ones; a
+sweep of weights that Triton specializes differently (addresses off 16 bytes, sizes, dtypes, an fp64
+offset): the key must tell apart every pair that Triton compiles apart, and each plan must pass exactly
+what Triton passes for its weight; a direct launch that raises; the compiled kernel kept alive by its
+kind; two threads making a kind's first call at once. The stand-in's "kernel" writes a digest of every
+argument but the output, so equal bits mean equal arguments. Prints one JSON line. Own process."""
 import copy
 import json
 import os
@@ -62,7 +63,7 @@ class Launch:
         self.grid, self.args, self.constexprs, self.options = kernel.launch_arguments(
             self.layout, self.out, self.config, CAPABILITY)
         tensors = [a.data_ptr() for a in self.args if isinstance(a, torch.Tensor)]  # the inputs, then out
-        self.key = kernel.template_key(self.layout, self.config, CAPABILITY, tensors)
+        self.key = kernel.kind_key(self.layout, self.config, CAPABILITY, tensors)
 
     def triton(self):
         """Triton's own launch into self.out: its compiled kernel, and the bits it "wrote"."""
@@ -75,8 +76,39 @@ class Launch:
     def launch(self):
         return self.kernel._dequantize_4bit_kernel[self.grid](*self.args, **self.constexprs, **self.options)
 
-    def by_plan(self):
-        self.kernel.launch_by_plan(self.W, self.q, self.validated, self.out, self.config, CAPABILITY)
+
+class Counted:
+    """Launches counted: Triton's (its JIT's run) and every C launch (Triton's and the plans' direct ones)."""
+    triton = 0
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    @classmethod
+    def install(cls, kernel):
+        jit = kernel._dequantize_4bit_kernel
+        run = jit.run
+
+        def counting_run(*args, **kwargs):
+            cls.triton += 1
+            return run(*args, **kwargs)
+
+        jit.run = counting_run  # kernel[grid](...) calls the JITFunction's run
+
+    def calls(self, fake, call, times=1):
+        """(Triton's launches, direct launches) per call of call(), `times` calls; every stand-in C launch
+        counted (up to Triton 3.6 each compiled kernel has its own)."""
+        counts = []
+        for _ in range(times):
+            triton, c_launches = Counted.triton, _all_c_launches()
+            call()
+            triton = Counted.triton - triton
+            counts.append((triton, _all_c_launches() - c_launches - triton))
+        return counts
+
+
+def _all_c_launches():
+    return sum(fake.calls for fake in offline_gpu.FakeLaunch.made)
 
 
 def case(kernel, nested, dtype):
@@ -84,11 +116,10 @@ def case(kernel, nested, dtype):
     first = Launch(kernel, W, q)
     compiled, triton_bits = first.triton()
     fake = offline_gpu.fake_launch_of(compiled)
-    first_calls = fake.calls
-    first.by_plan()
-    result = {"triton_launches_on_a_new_key": fake.calls - first_calls - 1,
-              "template": bool(kernel._templates.get(first.key)),
-              "recorded_launch_unchanged": torch.equal(bits(first.out), triton_bits)}
+    kernel._kinds.pop(first.key, None)  # (first.triton() went around the launch path)
+    out = kernel.dequantize_nf4(W, q)  # the kind's first call: Triton's
+    result = {"first_call_matches_triton": torch.equal(bits(out), triton_bits),
+              "kind": kernel._kinds.get(first.key) is not None}
     plan = kernel._plans.get(kernel._identity(q))
     result["fast"] = plan is not None
     if plan is not None:
@@ -98,55 +129,165 @@ def case(kernel, nested, dtype):
         result["fast_with_a_hook_set_later"] = plan(W, q) is not None
         offline_gpu.set_launch_hook(None)
         code = q.code
-        del q.code  # Triton's path names the missing field: the plan steps aside, raising nothing
+        del q.code  # validation names the missing field: the plan steps aside, raising nothing
         result["fast_with_a_field_deleted"] = plan(W, q) is not None
         q.code = code
         flipped = plan(W.t(), q)  # W.t() after W: the same bytes, the output transposed back
         result["transposed_view_matches_triton"] = flipped is not None and torch.equal(
             bits(flipped.t()), triton_bits) and flipped.shape == triton_bits.shape[::-1]
-        result["fields_unseen_when_replaced"] = unseen_replacements(kernel, plan, W, q)
-    W2, q2 = weight(nested=nested, dtype=dtype, seed=1)  # another weight: the same key
+        result["fields_unseen_when_changed"] = unseen_changes(kernel, plan, W, q)
+        result["storage_swaps_unseen"] = unseen_storage_swaps(kernel, plan, W, q)
+        result["other_gpu_current"] = other_gpu_current(kernel, plan, W, q)
+        result["stream"] = stream_of_a_direct_launch(kernel, plan, W, q, fake)
+    W2, q2 = weight(nested=nested, dtype=dtype, seed=1)  # another weight: the same kind
     second = Launch(kernel, W2, q2)
     _, second_bits = second.triton()
-    calls = fake.calls
-    out = kernel.dequantize_nf4(W2, q2)  # no plan for q2 yet: its plan from the template
+    counts = Counted(kernel).calls(fake, lambda: result.update(out=kernel.dequantize_nf4(W2, q2)))
     result["same_key"] = second.key == first.key
-    result["second_weight_triton_launches"] = fake.calls - calls - 1  # the plan's launch is one
+    result["second_weight_launches"] = counts[0]
     result["second_weight_fast"] = kernel._plans.get(kernel._identity(q2)) is not None
-    result["second_weight_matches_triton"] = torch.equal(bits(out), second_bits)
+    result["second_weight_matches_triton"] = torch.equal(bits(result.pop("out")), second_bits)
     result["problems"] = fake.problems
     return result
 
 
-def _replacement(value):
-    """An equal value that is another object; for a dtype or a small int (singletons), another value."""
+def _changed(value):
+    """Another value of a field's kind: another tensor (equal, at another address), another dtype, int or
+    string; None for None (a plain layout's offset and state2)."""
     if isinstance(value, torch.dtype):
         return torch.float64 if value != torch.float64 else torch.float32
-    if isinstance(value, int) and -5 <= value <= 256:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
         return value * 2
-    return distinct_equal(value)
+    if isinstance(value, str):
+        return value + "x"
+    if isinstance(value, torch.Size):
+        return torch.Size([*value[:-1], value[-1] * 2])
+    if type(value).__name__ == "QuantState":  # state2: a copy whose absmax is another tensor
+        other = copy.copy(value)
+        other.absmax = value.absmax.clone()
+        return other
+    return distinct_equal(value)  # a tensor: a clone, equal, at another address
 
 
-def unseen_replacements(kernel, plan, W, q):
-    """Each field of QUANT_STATE_FIELDS (and STATE2_FIELDS, nested) replaced in turn by another
-    object: the names whose replacement the plan did not see (it must step aside for each)."""
-    unseen, replaced = [], 0
+def unseen_changes(kernel, plan, W, q):
+    """Each field of QUANT_STATE_FIELDS (and STATE2_FIELDS, nested) changed in turn: the names whose change
+    the plan did not see (it must step aside for each: the fields decide the launch)."""
+    unseen, changed = [], 0
     for owner, name in [(q, n) for n in kernel.QUANT_STATE_FIELDS] + [
             (q.state2, n) for n in kernel.STATE2_FIELDS if q.state2 is not None]:
         value = getattr(owner, name)
-        if (other := _replacement(value)) is None:  # None (a plain layout's offset and state2)
+        other = _changed(value)
+        if other is None:
             continue
         setattr(owner, name, other)
         if plan(W, q) is not None:
             unseen.append(name if owner is q else f"state2.{name}")
         setattr(owner, name, value)
-        replaced += 1
-    assert plan(W, q) is not None and replaced == (12 if q.state2 is not None else 6), replaced
+        changed += 1
+    assert plan(W, q) is not None and changed == (12 if q.state2 is not None else 6), changed
     return unseen
 
 
+def unseen_storage_swaps(kernel, plan, W, q):
+    """`t.data = other` on each tensor the kernel reads (the object kept, its storage swapped) and on W:
+    the names whose swap the plan did not see."""
+    tensors = {"absmax": q.absmax, "code": q.code, "W": W}
+    if q.state2 is not None:
+        tensors.update({"offset": q.offset, "state2.absmax": q.state2.absmax, "state2.code": q.state2.code})
+    unseen = []
+    for name, tensor in tensors.items():
+        storage = tensor.data
+        tensor.data = storage.clone()
+        if plan(W, q) is not None:
+            unseen.append(name)
+        tensor.data = storage
+    assert plan(W, q) is not None
+    return unseen
+
+
+def other_gpu_current(kernel, plan, W, q):
+    """Whether the plan launched with another GPU current than its weight's (it must step aside)."""
+    current = offline_gpu.torch._C._cuda_getDevice
+    kernel._current_gpu = lambda: 1  # the stand-in's weights are on "GPU" None
+    try:
+        return plan(W, q) is not None
+    finally:
+        kernel._current_gpu = current
+
+
+def stream_of_a_direct_launch(kernel, plan, W, q, fake):
+    """The stream a direct launch passes when another stream is current, and whether its bits are Triton's
+    launch's on that stream (the stand-in's digest covers the stream)."""
+    other = offline_gpu.STREAM + 1
+    streams = []
+
+    def watching(*values):
+        streams.append(values[3])
+        return fake(*values)
+
+    kernel._current_stream = lambda index: other
+    triton_stream = offline_gpu.OfflineGPU.get_current_stream
+    offline_gpu.OfflineGPU.get_current_stream = lambda self, device=None: other
+    launcher = plan.kind.launcher
+    original = launcher.launch
+    launcher.launch = watching
+    try:
+        direct = plan(W, q)
+        launcher.launch = original
+        by_triton = kernel.dequantize_nf4_via_triton(W, q)
+    finally:
+        launcher.launch = original
+        kernel._current_stream = offline_gpu.torch._C._cuda_getCurrentRawStream
+        offline_gpu.OfflineGPU.get_current_stream = triton_stream
+    return {"passed": streams, "expected": other, "matches_triton": torch.equal(bits(direct), bits(by_triton))}
+
+
+def paths(kernel):
+    """Each case the launch path's header names, as (Triton's launches, direct launches) per call."""
+    W, q = weight(shape=(16, 256), dtype=torch.float16, seed=60)
+    fake = offline_gpu.fake_launch_of(Launch(kernel, W, q).triton()[0])
+    counted, report = Counted(kernel), {}
+
+    def call(state=None, weight_=None):
+        return lambda: kernel.dequantize_nf4(weight_ if weight_ is not None else W, state if state is not None else q)
+
+    report["a new kind"] = counted.calls(fake, call())
+    report["a plan that holds"] = counted.calls(fake, call(), times=2)
+    W2, q2 = weight(shape=(16, 256), dtype=torch.float16, seed=61)
+    report["a weight with no plan"] = counted.calls(fake, call(q2, W2)) + [kernel._identity(q2) in kernel._plans]
+    q2.dtype = torch.float32
+    report["a plan that declined (a new kind)"] = counted.calls(fake, call(q2, W2), times=2)
+    namespace = _namespace(q)
+    report["a quant state without weak references"] = counted.calls(fake, call(namespace), times=2) + [
+        kernel._identity(namespace) in kernel._plans]
+    W3, q3 = weight(shape=(16, 256), dtype=torch.float16, seed=62, offset=lambda o: o.half())
+    report["an offset converted for the call"] = counted.calls(fake, call(q3, W3), times=2) + [
+        kernel._identity(q3) in kernel._plans]
+    report["NF4_FAST_LAUNCH=0"] = _with(kernel, "FAST_LAUNCH", False, lambda: counted.calls(fake, call(), 2))
+    report["torch.compile"] = _with(kernel, "_is_compiling", lambda: True, lambda: counted.calls(fake, call(), 2))
+    offline_gpu.set_launch_hook(lambda *a: None)
+    try:
+        report["a launch hook set"] = counted.calls(fake, call(), 2)
+    finally:
+        offline_gpu.set_launch_hook(None)
+    report["after all that, the plan"] = counted.calls(fake, call())
+    return report
+
+
+def _with(module, name, value, work):
+    """work() with module.name set to value for its duration."""
+    before = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        return work()
+    finally:
+        setattr(module, name, before)
+
+
 def hook_before(kernel):
-    """A launch hook set before a key's first call: one launch, by Triton, and nothing learned."""
+    """A launch hook set before a kind's first call: one launch, by Triton, and nothing learned."""
     W, q = weight(dtype=torch.float16, seed=3)
     fake = offline_gpu.fake_launch_of(Launch(kernel, W, q).triton()[0])
     calls = fake.calls
@@ -155,35 +296,30 @@ def hook_before(kernel):
         out = kernel.dequantize_nf4(W, q)
     finally:
         offline_gpu.set_launch_hook(None)
-    return {"triton_launches": fake.calls - calls, "template": Launch(kernel, W, q).key in kernel._templates,
+    return {"triton_launches": fake.calls - calls, "kind": Launch(kernel, W, q).key in kernel._kinds,
             "output": list(out.shape), "fast": kernel._identity(q) in kernel._plans}
 
 
 def converted_offset_first(kernel):
-    """A key first seen on a weight whose fp16 offset the wrapper converts (a temporary, so no plan):
-    its recording is checked and kept, and the weight's later calls are one launch by Triton each,
-    not recorded again; a weight of the key with its own fp32 offset is then planned at once."""
+    """A kind first seen on a weight whose fp16 offset the wrapper converts (a temporary, so no plan): its
+    first call is Triton's, its later calls one direct launch each, validated; a weight of the kind with its
+    own fp32 offset is then planned at once."""
     W, q = weight(shape=(32, 128), dtype=torch.float16, seed=4, offset=lambda o: o.half())
     launch = Launch(kernel, W, q)
     fake = offline_gpu.fake_launch_of(launch.triton()[0])
-    calls = fake.calls
-    kernel.dequantize_nf4(W, q)  # the key's first call: Triton's, recorded, the replay checked
-    first = fake.calls - calls
-    calls = fake.calls
-    kernel.dequantize_nf4(W, q)
+    counted = Counted(kernel)
+    first = counted.calls(fake, lambda: kernel.dequantize_nf4(W, q), times=2)
     W2, q2 = weight(shape=(32, 128), dtype=torch.float16, seed=5)
     key2 = Launch(kernel, W2, q2).key
-    calls2 = fake.calls
-    kernel.dequantize_nf4(W2, q2)
-    return {"first_call_launches": first, "later_call_launches": calls2 - calls,
-            "template": bool(kernel._templates.get(launch.key)), "fast": kernel._identity(q) in kernel._plans,
-            "same_key": key2 == launch.key, "other_weight_launches": fake.calls - calls2,
-            "other_weight_fast": kernel._identity(q2) in kernel._plans}
+    other = counted.calls(fake, lambda: kernel.dequantize_nf4(W2, q2))
+    return {"launches": first, "kind": bool(kernel._kinds.get(launch.key)),
+            "fast": kernel._identity(q) in kernel._plans, "same_key": key2 == launch.key,
+            "other_weight_launches": other, "other_weight_fast": kernel._identity(q2) in kernel._plans}
 
 
 def _calls(kernel, W, q, fake, times=2):
     """dequantize_nf4(W, q) `times` times: per call, its output's bits and the C launches it made
-    (Triton's launch makes one, a replay one), and the warnings all the calls gave."""
+    (Triton's launch makes one, a direct launch one), and the warnings all the calls gave."""
     results = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -205,9 +341,10 @@ def _namespace(q):
 
 def other_quant_states(kernel):
     """Quant states people pass that are not a QuantState with a QuantState's state2: each call gives
-    Triton's bits for the equivalent QuantState, with no plan kept (nothing to watch them by), a
-    later call one launch (the template's replay). bitsandbytes' list format (before 0.41.2), with
-    state2 an object or a list, or a plain absmax: refused, the message naming the format."""
+    Triton's bits for the equivalent QuantState; a SimpleNamespace has no plan (nothing to watch it by), a
+    later call one direct launch; a QuantState whose state2 is a SimpleNamespace is planned. bitsandbytes'
+    list format (before 0.41.2), with state2 an object or a list, or a plain absmax: refused, the message
+    naming the format."""
     W, q = weight(shape=(48, 128), seed=30)
     triton_bits = Launch(kernel, W, q).triton()[1]
     fake = offline_gpu.fake_launch_of(Launch(kernel, W, q).launch())
@@ -236,16 +373,16 @@ def other_quant_states(kernel):
 
 
 def _raising(error):
-    def c_launch(*arguments):
+    def launcher(*arguments):
         raise error
-    return c_launch
+    return launcher
 
 
-def replay_raises(kernel):
-    """A plan's C launch raises (as a Triton whose launcher takes other arguments would): that call gets
-    Triton's bits by Triton's launch with one warning naming the error, later calls of that kind
-    (its other weight too) are Triton's with no warning, another kind still replays. Then a new kind
-    whose recorded replay raises in its check, and a sticky error that Triton's launch raises too."""
+def direct_launch_raises(kernel):
+    """A kind's direct launch raises (as a Triton whose launcher takes other arguments would): that call gets
+    Triton's bits by Triton's launch with one warning naming the error, later calls of that kind (its other
+    weight too) are Triton's with no warning, another kind still launches directly. Then a sticky error that
+    Triton's launch raises too."""
     stale = TypeError("function takes exactly 18 arguments (17 given)")
     A, B, C = (weight(shape=shape, seed=seed) for shape, seed in (((56, 128), 40), ((56, 128), 41),
                                                                   ((40, 128), 42)))
@@ -253,11 +390,11 @@ def replay_raises(kernel):
     for name, (W, q) in zip("ABC", (A, B, C)):
         launch = Launch(kernel, W, q)
         fake = offline_gpu.fake_launch_of(launch.triton()[0])
-        results, caught = _calls(kernel, W, q, fake)  # a plan made, then replayed
+        _calls(kernel, W, q, fake)  # a plan made, then used
         report[name] = {"key": repr(launch.key), "planned": kernel._identity(q) in kernel._plans}
-        if name == "A":  # the kind's C launch breaks: A's plan, and the template B's plan came from
+        if name == "A":  # the kind's launcher breaks: A's plan, and B's (of A's kind) after
             plan = kernel._plans[kernel._identity(q)]
-            plan.launch = plan.launch._replace(c_launch=_raising(stale))
+            plan.kind = plan.kind._replace(launcher=_raising(stale))
             triton_bits = launch.triton()[1]
         if name == "B":
             results, caught = _calls(kernel, *A, fake)
@@ -273,19 +410,6 @@ def replay_raises(kernel):
     report["C"].update(launches=[n for _, n in c_results], warnings=caught,
                        planned_after=kernel._identity(C[1]) in kernel._plans)
 
-    D = weight(shape=(24, 128), seed=43)  # a new kind: its template's check replay raises
-    launch = Launch(kernel, *D)
-    triton_bits = launch.triton()[1]
-    record_launch = kernel.record_launch
-    kernel.record_launch = lambda *args: record_launch(*args)._replace(c_launch=_raising(stale))
-    try:
-        results, caught = _calls(kernel, *D, fake)
-    finally:
-        kernel.record_launch = record_launch
-    report["D"] = {"matches_triton": all(torch.equal(b, triton_bits) for b, _ in results), "warnings": caught,
-                   "template": kernel._templates.get(launch.key) is not None,
-                   "planned": kernel._identity(D[1]) in kernel._plans}
-
     E = weight(shape=(72, 128), seed=44)  # planned, then the GPU fails: Triton's launch raises too
     fake = offline_gpu.fake_launch_of(Launch(kernel, *E).triton()[0])
     _calls(kernel, *E, fake)
@@ -300,18 +424,79 @@ def replay_raises(kernel):
     return report
 
 
+def compiled_kernel_lifetime(kernel):
+    """A kind keeps the compiled kernel that owns its function: with Triton's own cache of it emptied, the
+    kernel lives on and a later call launches it directly, with Triton's bits."""
+    import gc
+    import weakref
+    W, q = weight(shape=(8, 256), seed=70)
+    launch = Launch(kernel, W, q)
+    compiled, triton_bits = launch.triton()
+    kernel.dequantize_nf4(W, q)
+    owner = weakref.ref(kernel._kinds[launch.key].compiled)
+    jit = kernel._dequantize_4bit_kernel
+    for cache in getattr(jit, "device_caches", {}).values():  # Triton 3.3+: (kernels, ...) per device
+        cache[0].clear()
+    for cache in getattr(jit, "cache", {}).values():  # Triton 3.2: kernels per device
+        cache.clear()
+    del compiled
+    gc.collect()
+    out = kernel.dequantize_nf4(W, q)
+    return {"alive": owner() is not None, "matches_triton": torch.equal(bits(out), triton_bits)}
+
+
+def two_threads_first_call(kernel):
+    """Two threads make the first call of one new kind at once, their Triton launches interleaved (the first
+    waits inside its launch until the second is launching): both get Triton's bits, one kind is kept, and
+    Triton's launcher is left as it was."""
+    import threading
+    weights = [weight(shape=(24, 256), dtype=torch.float16, seed=80 + i) for i in range(2)]
+    expected = []
+    for W, q in weights:
+        compiled, triton_bits = Launch(kernel, W, q).triton()
+        expected.append(triton_bits)
+    key = Launch(kernel, *weights[0]).key
+    kernel._kinds.pop(key, None)
+    launcher = compiled.run
+    fake = launcher.launch
+    second_launching = threading.Event()
+    offline_gpu.forget_outputs()
+
+    def interleaved(*values):
+        if threading.current_thread().name == "second":
+            second_launching.set()
+        else:
+            second_launching.wait(timeout=10)
+        return fake(*values)
+
+    launcher.launch = interleaved
+    outputs = {}
+
+    def work(name, W, q):
+        outputs[name] = kernel.dequantize_nf4(W, q)
+
+    threads = [threading.Thread(target=work, name=name, args=(name, *wq)) for name, wq in zip(("first", "second"),
+                                                                                            weights)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    launcher.launch = fake
+    return {"interleaved": second_launching.is_set(), "kind": kernel._kinds.get(key) is not None,
+            "launcher_unchanged": compiled.run.launch is fake, "outputs": sorted(outputs)}
+
+
 def t4_code_launches(kernel):
-    """benchmarks/t4_code.py's sm_75 launches, made with the paste unit's recorder: for ours, the function and
-    launch metadata found where Triton's C launch takes them and swapped, the rest what Triton passes (the
-    stand-in loads the sm_75 build under the JIT build's function handle); for the copy kernel, a launch that
-    parses."""
+    """benchmarks/t4_code.py's sm_75 launches: for ours, the JIT build's launcher called with the paste unit's
+    launcher_arguments (the stand-in loads the sm_75 build under the JIT build's function handle), Triton's
+    bits; for the copy kernel, a launch that parses."""
     from benchmarks import t4_code
     W, q = weight(shape=(64, 256), seed=50)
     launch = Launch(kernel, W, q)
     compiled, triton_bits = launch.triton()
     sm75 = t4_code.ours(kernel, launch.layout, launch.out, launch.config)
     other = torch.empty_like(launch.out)
-    sm75.into(other)
+    sm75.into(other)  # (the stand-in writes where Triton's launch put its output)
     packed, absmax = launch.layout.packed, launch.layout.absmax
     copy = t4_code.copy_launch(kernel, packed, absmax, torch.empty(packed.numel() * 2, dtype=torch.int16), 2048, 4,
                                True)
@@ -345,7 +530,7 @@ def sweep(kernel):
         launch = Launch(kernel, W, q)
         compiled, triton_bits = launch.triton()
         compiled_of_key.setdefault(launch.key, set()).add(id(compiled))
-        for _ in range(2):  # the key's first call where it is new, then a plan for this weight
+        for _ in range(2):  # the kind's first call where it is new (Triton's), then the weight's plan
             out = kernel.dequantize_nf4(W, q)
         plan = kernel._plans.get(kernel._identity(q))
         fast = plan(W, q) if plan is not None else None
@@ -361,11 +546,14 @@ def main():
     offline_gpu.install(75)
     kernel = load_kernel_cells(Path(os.environ.get("NF4_NOTEBOOK", NOTEBOOK)), tags=PASTE_UNIT)
     kernel.device_capability = lambda device: CAPABILITY  # the CPU tensors are the stand-in GPU's
+    Counted.install(kernel)
     report = {"triton": offline_gpu.triton.__version__,
               "nested": case(kernel, True, torch.bfloat16), "plain": case(kernel, False, torch.float32),
               "with_launch_hook": hook_before(kernel), "converted_offset_first": converted_offset_first(kernel),
               "sweep": sweep(kernel), "other_quant_states": other_quant_states(kernel),
-              "replay_raises": replay_raises(kernel), "t4_code": t4_code_launches(kernel)}
+              "paths": paths(kernel), "direct_launch_raises": direct_launch_raises(kernel),
+              "compiled_kernel_lifetime": compiled_kernel_lifetime(kernel),
+              "two_threads_first_call": two_threads_first_call(kernel), "t4_code": t4_code_launches(kernel)}
     print(json.dumps(report))
 
 

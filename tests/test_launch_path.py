@@ -6,6 +6,7 @@ any version of the kernel cells (NF4_NOTEBOOK=path picks the notebook)."""
 import copy
 import gc
 import io
+import json
 import pickle
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import bitsandbytes.functional as bnbf
 
 import helpers
 from conftest import DEVICE
-from reference import assert_same_bits, distinct_equal, references
+from reference import assert_same_bits, references
 
 
 def _layer(shape=(96, 320), dtype=torch.bfloat16, seed=0):
@@ -210,8 +211,8 @@ def test_the_fast_launch_answers_later_calls_and_can_be_left_out(kernel, monkeyp
 
 @pytest.mark.gpu
 def test_a_new_weight_of_a_known_kernel_gets_its_plan_on_its_first_call(kernel):
-    # Triton's first launch of a compiled kernel is recorded on the next launch that Triton makes
-    # of it, whichever weight that is: a model's later layers are fast from their first call
+    # a kind's compiled kernel, from Triton's launch of its first weight, launches every later weight of
+    # the kind directly from that weight's first call: a model's later layers are fast from their first call
     first, second = _layer(shape=(64, 512), seed=24), _layer(shape=(64, 512), seed=25)
     kernel.triton_dequantize_nf4(first)
     kernel.triton_dequantize_nf4(second)
@@ -239,10 +240,30 @@ def test_both_views_of_a_weight_take_the_fast_launch(kernel, learned_from):
         through_triton.shape, through_triton.stride(), through_triton.dtype, through_triton.device)
 
 
+def _changed(value):
+    """Another value of a field's kind, or None where there is none to try (a plain layout's None)."""
+    if isinstance(value, torch.dtype):
+        return torch.float32 if value != torch.float32 else torch.float16
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value * 2
+    if isinstance(value, str):
+        return {"nf4": "fp4", "fp4": "nf4"}[value]
+    if isinstance(value, torch.Size):
+        return torch.Size([value[0] * 2, *value[1:]])
+    if type(value).__name__ == "QuantState":
+        other = copy.copy(value)
+        other.absmax = value.absmax.clone()
+        return other
+    return value.clone()  # equal values at another address
+
+
 @pytest.mark.gpu
-def test_every_listed_field_is_checked_on_every_call(kernel):
-    # a plan checks every field of QUANT_STATE_FIELDS / STATE2_FIELDS on every call: each replaced field
-    # (an equal value, another object) must send the next call back through Triton
+def test_every_field_is_checked_on_every_call(kernel):
+    # a plan checks every field of QUANT_STATE_FIELDS / STATE2_FIELDS on every call (tensors by address, the
+    # rest by value): each changed field must send the next call back through validation, which answers
+    # it (with bitsandbytes' bits) or refuses it by name, as bitsandbytes' dequantize_4bit would not work
     fields = [(None, name) for name in kernel.QUANT_STATE_FIELDS]
     fields += [("state2", name) for name in kernel.STATE2_FIELDS]
     checked = 0
@@ -250,18 +271,85 @@ def test_every_listed_field_is_checked_on_every_call(kernel):
         layer = _layer(seed=30)
         W, qs = layer.weight, layer.weight.quant_state
         kernel.triton_dequantize_nf4(layer)
-        kernel.triton_dequantize_nf4(layer)
         assert _fast(kernel, W, qs) is not None
         owner = qs if owner_name is None else getattr(qs, owner_name)
-        replacement = distinct_equal(getattr(owner, name))
+        replacement = _changed(getattr(owner, name))
         if replacement is None:
             continue
         setattr(owner, name, replacement)
-        assert _fast(kernel, W, qs) is None, f"replacing {owner_name or 'quant_state'}.{name} went unseen"
-        _assert_bnb(kernel.triton_dequantize_nf4(layer), W, qs)
-        assert _fast(kernel, W, qs) is not None, "no new plan after the replacement"
+        assert _fast(kernel, W, qs) is None, f"changing {owner_name or 'quant_state'}.{name} went unseen"
+        try:
+            out = kernel.triton_dequantize_nf4(layer)
+        except (TypeError, ValueError) as error:
+            assert str(error).startswith("dequantize_nf4: "), error
+        else:
+            _assert_bnb(out, W, qs)
         checked += 1
-    assert checked >= 8
+    assert checked >= 11
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("field", ["absmax", "state2.absmax", "offset", "code", "state2.code", "W"])
+def test_a_tensor_swapped_in_place_after_a_call(kernel, field):
+    # `t.data = other` keeps the object and moves its bytes (the old ones may be freed and reused): the next
+    # call must give the new state's bits, as bitsandbytes' dequantize_4bit and unsloth's fast_dequantize do
+    layer, donor = _layer(seed=33), _layer(seed=34)
+    W, qs = layer.weight, layer.weight.quant_state
+    for _ in range(2):
+        kernel.triton_dequantize_nf4(layer)
+    owner, name = (qs.state2, field[7:]) if field.startswith("state2.") else (qs, field)
+    donor_state = donor.weight.quant_state
+    donor_owner = donor_state.state2 if field.startswith("state2.") else donor_state
+    tensor = W if field == "W" else getattr(owner, name)
+    tensor.data = (donor.weight if field == "W" else getattr(donor_owner, name)).data.clone()
+    before = [kernel.triton_dequantize_nf4(layer)]
+    garbage = [torch.full((4096,), float("nan"), device=DEVICE) for _ in range(64)]  # the old bytes reused
+    before.append(kernel.triton_dequantize_nf4(layer))
+    del garbage
+    for out in before:
+        _assert_bnb(out, W, qs)
+
+
+CAPTURED = """
+import sys, torch, json
+sys.path[:0] = [{root!r}, {tests!r}]
+import helpers, bitsandbytes.functional as bnbf
+from benchmarks.cells import load_kernel_cells
+kernel = load_kernel_cells()
+results = {{}}
+for name, shape in (("new kind, first call", (384, 512)), ("warm weight", (384, 512))):
+    layer = helpers.make_layer(*shape, torch.bfloat16, seed=len(results))
+    W, qs = layer.weight, layer.weight.quant_state
+    if name == "warm weight":
+        kernel.triton_dequantize_nf4(layer)
+    reference = bnbf.dequantize_4bit(W, qs)
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph, stream=stream):
+        out = kernel.triton_dequantize_nf4(layer)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    results[name] = {{"replayed_exact": torch.equal(out, reference),
+                     "eager_after_exact": torch.equal(kernel.triton_dequantize_nf4(layer), reference)}}
+results["tables_kept"] = len(kernel._TABLES)
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.gpu
+def test_calls_captured_in_a_cuda_graph_replay_bitsandbytes_bits(tmp_path):
+    # in a fresh process (no table, no kind known): a new kind's first call inside capture, then a weight
+    # called once before capture; each graph replayed into an output filled with NaN first
+    script = tmp_path / "captured.py"
+    script.write_text(CAPTURED.format(root=str(helpers.ROOT), tests=str(helpers.ROOT / "tests")))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    print(result.stdout[-2000:], result.stderr[-2000:])
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    for name in ("new kind, first call", "warm weight"):
+        assert report[name] == {"replayed_exact": True, "eager_after_exact": True}, (name, report)
+    assert report["tables_kept"] == 1  # the table copied into the first graph is not kept; eager made one
 
 
 def _gpu_layers(count, dtype=torch.bfloat16):
@@ -398,7 +486,9 @@ def test_a_quant_state_that_is_not_a_quantstate_gets_bitsandbytes_bits(kernel, f
     other = _other_forms(qs)[form]
     for _ in range(3):
         _assert_bnb(kernel.dequantize_nf4(W, other), W, qs)
-    assert kernel._identity(other) not in kernel._plans  # no weak reference can watch it: no plan
+    # no weak reference can watch a SimpleNamespace: no plan; a QuantState is watched, whatever its state2
+    planned = kernel._identity(other) in kernel._plans
+    assert planned == (form != "SimpleNamespace" and DEVICE == "cuda")
 
 
 @pytest.mark.parametrize("state2", ["object", "list", "none"])
@@ -416,8 +506,8 @@ def test_bitsandbytes_list_format_is_refused_naming_it(kernel, state2):
 
 
 @pytest.mark.gpu  # (the interpreter makes no plans)
-def test_a_replay_that_raises_gives_way_to_tritons_launch_for_its_kind(kernel):
-    # as a Triton whose C launch takes other arguments would: that call and the kind's later calls are
+def test_a_direct_launch_that_raises_gives_way_to_tritons_launch_for_its_kind(kernel):
+    # as a Triton whose launcher takes other arguments would: that call and the kind's later calls are
     # Triton's, bit for bit, one warning names the error; another kind replays on
     broken, same_kind, other_kind = _layer((80, 320), seed=43), _layer((80, 320), seed=44), _layer((72, 320), seed=45)
     for layer in (broken, same_kind, other_kind):
@@ -429,8 +519,8 @@ def test_a_replay_that_raises_gives_way_to_tritons_launch_for_its_kind(kernel):
         raise TypeError("function takes exactly 18 arguments (17 given)")
 
     plan = kernel._plans[kernel._identity(broken.weight.quant_state)]
-    plan.launch = plan.launch._replace(c_launch=stale_launch)
-    with pytest.warns(RuntimeWarning, match="a replayed launch raised TypeError: function takes exactly 18"):
+    plan.kind = plan.kind._replace(launcher=stale_launch)
+    with pytest.warns(RuntimeWarning, match="a direct launch raised TypeError: function takes exactly 18"):
         _assert_bnb(kernel.triton_dequantize_nf4(broken), broken.weight, broken.weight.quant_state)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning
@@ -475,3 +565,26 @@ def test_a_sticky_cuda_error_reaches_the_caller(tmp_path):
     print(result.stdout[-2000:], result.stderr[-2000:])
     assert "STICKY" in result.stdout and "NOT STICKY" not in result.stdout, result.stdout + result.stderr[-3000:]
     assert "RAISED" in result.stdout, result.stdout + result.stderr[-3000:]
+
+
+def test_a_first_call_inside_graph_capture_keeps_no_table_and_never_syncs(kernel, monkeypatch):
+    # what a first call inside CUDA-graph capture must not do, seen on the CPU: keep a table made then (its
+    # values would exist only inside the graph: it is copied from pinned memory for that graph alone), or
+    # sync (no fp64 offset probe by .item()); its bits are bitsandbytes' all the same
+    layer = _layer(seed=70)
+    W, qs = layer.weight, layer.weight.quant_state
+    qs.offset = (qs.offset + 0.0123456789).double().reshape(1)
+    expected = bnbf.dequantize_4bit(W, qs)
+
+    def syncs(tensor):
+        raise AssertionError("a sync (.item()) inside graph capture")
+
+    monkeypatch.setattr(kernel, "capturing", lambda device: True)
+    monkeypatch.setattr(kernel, "_TABLES", {})
+    monkeypatch.setattr(kernel, "_PINNED", {})
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda tensor: tensor.clone())  # (a CPU build has none)
+    monkeypatch.setattr(torch.Tensor, "item", syncs)
+    out = kernel.dequantize_nf4(W, qs)
+    assert kernel._TABLES == {} and list(kernel._PINNED) == ["nf4"]
+    monkeypatch.undo()
+    assert_same_bits(out, expected, "captured")

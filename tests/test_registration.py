@@ -1,6 +1,7 @@
 """The torch.compile custom op, as far as the CPU can check it."""
 import pytest
 import torch
+import bitsandbytes.functional as bnbf
 
 import helpers
 from conftest import DEVICE, GPU
@@ -40,3 +41,22 @@ def test_torch_compile_works_under_the_interpreter(kernel):
     compiled = torch.compile(kernel.triton_dequantize_nf4, fullgraph=True)
     out = compiled(layer)
     assert all(torch.equal(out, ref) for ref in references(layer.weight, layer.weight.quant_state).values())
+
+
+@pytest.mark.parametrize("cache", ["table kept", "table not made yet"])
+def test_eager_and_compiled_calls_decode_with_one_codebook(kernel, monkeypatch, cache):
+    # bitsandbytes' dequantize_4bit never reads quant_state.code: a replaced codebook changes nothing, eager
+    # or under torch.compile (traced before the table is kept too); the other quant type's table does
+    torch._dynamo.reset()
+    if cache == "table not made yet":
+        monkeypatch.setattr(kernel, "_TABLES", {})
+    layer = helpers.make_layer(48, 256, torch.bfloat16, device=DEVICE, seed=3)
+    W, qs = layer.weight, layer.weight.quant_state
+    plain = kernel.dequantize_nf4(W, qs) if cache == "table kept" else None
+    qs.code = qs.code.flip(0)
+    compiled = torch.compile(kernel.dequantize_nf4, fullgraph=True)
+    traced, eager = compiled(W, qs), kernel.dequantize_nf4(W, qs)
+    assert torch.equal(traced, eager)
+    assert torch.equal(eager, bnbf.dequantize_4bit(W, qs))  # (the flat reference reads quant_state.code)
+    if plain is not None:
+        assert torch.equal(eager, plain)
