@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every test (what CI runs). Installs the CPU test environment into .venv and runs the suite; then,
-# for each Triton in NF4_TRITONS, a small venv .venv-triton-<version> (that Triton, everything else
-# from .venv) runs the tests that depend on the Triton version: interpreter exactness, layouts, the
+# for each Triton in NF4_TRITONS, a venv .venv-triton-<version> (that Triton alone, 0.6-1 GB; everything
+# else from .venv) runs the tests that depend on the Triton version: interpreter exactness, layouts, the
 # offline sm_75 / sm_90 compiles and the launch path. GPU tests are skipped without a GPU.
 #   bash scripts/test.sh               install, the suite, the Triton matrix
 #   NF4_TRITONS="3.2.0" bash scripts/test.sh    another matrix ("" for none)
@@ -28,12 +28,13 @@ fi
 triton_of() { "$1" -c "import triton; print(triton.__version__)"; }
 SUMMARY=()
 FAILED=0
-# run_part NAME PYTHON TESTS...: pytest with PYTHON, its summary line kept for the end
+# run_part NAME PYTHON TESTS...: pytest with PYTHON, its summary line and skip reasons kept for the end
+# (-rfEs: the short summary lists failures and errors, pytest's default, and skips with their reasons)
 run_part() {
   local name=$1 python=$2
   shift 2
   say "$name: pytest with triton $(triton_of "$python") ($python)"
-  "$python" -m pytest -q -p no:cacheprovider "$@" 2>&1 | tee "$LOGS/part.log"
+  "$python" -m pytest -q -rfEs -p no:cacheprovider "$@" 2>&1 | tee "$LOGS/part.log"
   local status=${PIPESTATUS[0]}
   local line
   line=$(grep -E '^=* ?[0-9]+ (passed|failed|skipped|error|errors|deselected)' "$LOGS/part.log" | tail -1 | tr -d '=')
@@ -41,6 +42,7 @@ run_part() {
   [ "$status" -eq 0 ] || FAILED=1
   SUMMARY+=("$(printf '%-14s triton %-6s %s' "$name" "$(triton_of "$python")" "$line")")
   echo "$line" >> "$LOGS/counts"
+  grep -E '^SKIPPED \[[0-9]+\] ' "$LOGS/part.log" >> "$LOGS/skips"
 }
 
 site_packages() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
@@ -48,7 +50,8 @@ site_packages() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["pureli
 triton_venv() {
   local version=$1 venv=".venv-triton-$1"
   if [ ! -x "$venv/bin/python" ] || [ "$(triton_of "$venv/bin/python" 2>/dev/null)" != "$version" ]; then
-    say "triton $version: creating $venv and installing triton==$version (about 200 MB)"
+    # measured, wheel/venv in MB: 3.2.0 253/719, 3.3.1 155/566, 3.5.1 170/623, 3.8.0 247/941, 3.9.0 286/1048
+    say "triton $version: creating $venv and installing triton==$version (a 155-286 MB download, 0.57-1.05 GB on disk)"
     rm -rf "$venv"
     "$PY" -m venv --without-pip "$venv" || return 1
     site_packages "$PY" > "$(site_packages "$venv/bin/python")/nf4_main_venv.pth"
@@ -70,6 +73,13 @@ for version in $TRITONS; do
   fi
 done
 
+# why tests were skipped, one line per reason over every part, from -rs's 'SKIPPED [3] tests/x.py:12: reason'
+if [ -s "$LOGS/skips" ]; then
+  say "skipped, by reason (every part)"
+  sed -E 's/^SKIPPED \[([0-9]+)\] [^ ]*: /\1\t/' "$LOGS/skips" \
+    | awk -F '\t' '{ count[$2] += $1 } END { for (reason in count) printf "  %5d  %s\n", count[reason], reason }' \
+    | sort -rn
+fi
 say "summary"
 printf '  %s\n' "${SUMMARY[@]}"
 # the closing line, as pytest writes it: every part's counts added up
