@@ -6,6 +6,8 @@ emulation on this GPU). helpers.py sets up what they time; report.py shows the n
   Host time       host_time, cpu_cost_table (beside a reference launch)
   A call's split  timed_calls, add_call_split (wall = issue + wait, GPU time beside)
   A T4            T4_COPY_GBS, t4_forecast (arithmetic), emulate_t4 and PaddedToT4 (measured)
+  Launch config   pick_launch_config: the paste unit's configuration picked on this GPU, where LAUNCH_CONFIGS' entry
+                  was measured on other GPU models (CONFIG_MEASURED_ON); launch_config_line says which ran
 
 Every number names its clock (MEASUREMENT): GPU time, the GPU's own kernel durations through CUPTI (host time
 cannot leak in as into CUDA events around a Python call); host time; the procedure's wall clock and its split.
@@ -21,8 +23,8 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 
 import torch
 
-from helpers import (BASELINES, KERNEL_SHAPES, PROCEDURE_CASES, PROCEDURE_METHOD, SAME_KERNELS, bytes_moved,
-                     call_bytes, dtype_name, make_layer, quantile, round_ratios)
+from helpers import (BASELINES, KERNEL_SHAPES, PROCEDURE_CASES, PROCEDURE_METHOD, SAME_KERNELS, bitsandbytes_bits,
+                     bytes_moved, call_bytes, dtype_name, make_layer, quantile, round_ratios)
 
 # triton only with a GPU, for the GPU's kernels here: without one the notebook turns on Triton's interpreter,
 # and triton.language imported before that keeps tl.interleave and the like out of the interpreter
@@ -436,6 +438,211 @@ def emulate_t4(test_dequantize: Callable, methods: dict[str, Callable], referenc
             "ratios": {name: ratio["median"] for name, ratio in ratios.items()},
             "ratio_range": {name: [ratio["min"], ratio["max"]] for name, ratio in ratios.items()},
             "spread": {name: r["max_s"] / r["min_s"] - 1 for name, r in result.items()}}
+
+
+# The launch configuration, picked on this GPU ----------------------------------------------------------------
+# The GPU models (torch.cuda.get_device_name) each LAUNCH_CONFIGS entry was measured on: the models whose results
+# folders the paste unit's comment names (tests/test_tooling_config_pick.py holds the two together). An entry
+# measured on other models (the T4's: sm_75 builds timed on Hopper, never on a T4) or DEFAULT_CONFIG is picked here.
+CONFIG_MEASURED_ON = {
+    (9, 0): ("NVIDIA H200", "NVIDIA H100 80GB HBM3"),
+    (7, 5): (),
+}
+# What a pick times beside the table's entry, (weights per program, warps, lookup, evict-first). A T4: the
+# candidates benchmarks/t4_code.py times and tests/test_t4_gpu.py checks as sm_75 builds (its T4_CANDIDATES).
+# Elsewhere: the fastest on the procedure's three weights in the H100's and H200's sweeps (results/<gpu>/sweep.json).
+PICK_CANDIDATES = {
+    (7, 5): ((4096, 4, 1, True), (2048, 4, 1, True), (8192, 4, 1, True), (8192, 8, 1, True), (4096, 4, 1, False),
+             (4096, 4, 0, True)),
+}
+OTHER_CANDIDATES = ((2048, 4, 1, False), (2048, 4, 1, True), (1024, 2, 1, False), (4096, 8, 1, False),
+                    (2048, 2, 0, False), (4096, 4, 0, True))
+PICK_ROUNDS = 2  # rounds over the candidates, the order rotated: a T4 throttles, so candidates interleave
+PICK_CALLS = 10  # GPU-timed calls of a candidate per weight and round
+LOOKUP_NAMES = {0: "L1", 1: "gathered"}  # LaunchConfig.lookup
+PICK_METHOD = (
+    "each candidate launched by the paste unit's launch_via_triton on one weight per procedure case (its gate "
+    "weight: up, gate and down hold as many weights in one dtype, so they run one compiled kernel on one grid), "
+    "checked bit for bit (torch.equal) against bitsandbytes, then the exact ones timed by GPU time (gpu_samples, "
+    "L2 flushed; median per weight over the rounds); the winner: the least total over the weights, a tie the "
+    "table's entry")
+
+
+def config_measured_here(capability: tuple, gpu_name: str, launch_configs: dict) -> bool:
+    """Whether launch_configs (the paste unit's LAUNCH_CONFIGS) holds an entry for `capability` that was measured on
+    this GPU model (CONFIG_MEASURED_ON). DEFAULT_CONFIG, where no entry is, was measured on no GPU in particular."""
+    if capability not in launch_configs:
+        return False
+    return gpu_name in CONFIG_MEASURED_ON.get(capability, ())
+
+
+def table_entry(cells: dict, capability: tuple) -> tuple:
+    """What the paste unit launches with on `capability` without an override, and its name:
+    (LAUNCH_CONFIGS[capability], 'LAUNCH_CONFIGS[(7, 5)]') or (DEFAULT_CONFIG, 'DEFAULT_CONFIG')."""
+    if capability in cells["LAUNCH_CONFIGS"]:
+        return cells["LAUNCH_CONFIGS"][capability], f"LAUNCH_CONFIGS[{capability}]"
+    return cells["DEFAULT_CONFIG"], "DEFAULT_CONFIG"
+
+
+def launch_candidates(cells: dict, capability: tuple) -> list:
+    """The configurations a pick times on a GPU of `capability`, as the paste unit's LaunchConfig: the table's entry
+    first, then PICK_CANDIDATES' (OTHER_CANDIDATES for a capability it does not list), each once."""
+    entry, _ = table_entry(cells, capability)
+    candidates = [entry]
+    for fields in PICK_CANDIDATES.get(capability, OTHER_CANDIDATES):
+        config = cells["LaunchConfig"](*fields)
+        if config not in candidates:
+            candidates.append(config)
+    return candidates
+
+
+def describe_config(fields: Sequence) -> str:
+    """A LaunchConfig or its fields as words: (2048, 4, 1, True) -> '2048 w, 4 warps, gathered, evict-first'."""
+    weights, warps, lookup, evict_first = tuple(fields)[:4]
+    text = f"{weights} w, {warps} warps, {LOOKUP_NAMES.get(lookup, lookup)}"
+    if evict_first:
+        text += ", evict-first"
+    if len(fields) > 4 and not fields[4]:
+        text += ", no PTX"
+    return text
+
+
+def pick_layers(device: str = "cuda") -> list:
+    """One layer per procedure case, in its order: the case's gate layer (make_layer with the case's seed draws what
+    build_case draws first)."""
+    return [make_layer(m, hd, dtype, device=device, seed=seed) for _, _, hd, m, seed, dtype in PROCEDURE_CASES]
+
+
+def measure_candidates(cells: dict, candidates: Sequence, capability: tuple, layers: Sequence,
+                       rounds: int = PICK_ROUNDS, calls: int = PICK_CALLS) -> tuple[list[dict], dict]:
+    """Each candidate on each layer's weight, launched by the paste unit's launch_via_triton with the candidate
+    (CONFIG_OVERRIDE untouched). First checked: one launch into an output of 0xFF bytes (NaN), torch.equal to
+    bitsandbytes_bits; this builds the candidate. Then the exact ones timed: `rounds` rounds, the candidates' order
+    rotated each round, of gpu_samples(`calls`) per weight. Returns per candidate its fields, exactness and median GPU
+    µs per weight and their total (None where not exact), and the cost: counts and seconds of the check and timing."""
+    launch = cells["launch_via_triton"]
+    layouts = [cells["validate"](layer.weight, layer.weight.quant_state).layout for layer in layers]
+    references = [bitsandbytes_bits(layer) for layer in layers]
+    outputs = [torch.empty_like(reference) for reference in references]
+    started = time.perf_counter()
+    exact = {}
+    for config in candidates:
+        exact[config] = []
+        for layout, out, reference in zip(layouts, outputs, references):
+            out.view(torch.uint8).fill_(0xFF)  # every value must be written
+            launch(layout, out, config, capability)
+            exact[config].append(torch.equal(out, reference))
+    checked = time.perf_counter()
+    timed = [config for config in candidates if all(exact[config])]
+    samples = {config: [[] for _ in layouts] for config in timed}
+    flush = l2_flush()
+    for round_index in range(rounds):
+        shift = round_index % max(len(timed), 1)
+        for config in timed[shift:] + timed[:shift]:
+            for weight, (layout, out) in enumerate(zip(layouts, outputs)):
+                call = functools.partial(launch, layout, out, config, capability)
+                samples[config][weight] += gpu_samples(call, calls, flush)[0]
+    finished = time.perf_counter()
+    results = []
+    for config in candidates:
+        gpu_us = None
+        if config in samples:
+            gpu_us = [quantile(times, 0.5) for times in samples[config]]
+        results.append({"config": list(config), "label": describe_config(config), "exact": exact[config],
+                        "gpu_us": gpu_us, "total_us": None if gpu_us is None else sum(gpu_us)})
+    dtypes = {layout.dtype for layout in layouts}
+    cost = {"builds_at_most": len(candidates) * len(dtypes), "checked_launches": len(candidates) * len(layouts),
+            "timed_launches": len(timed) * len(layouts) * rounds * (3 + calls),
+            "profiler_sessions": len(timed) * len(layouts) * rounds,
+            "check_s": checked - started, "timing_s": finished - checked}
+    return results, cost
+
+
+def pick_winner(candidates: Sequence[dict]) -> int:
+    """The winner's index among measured candidates (the table's entry first): the least total GPU time over the
+    weights among the bit-exact ones; a tie goes to the earlier, so to the entry. An error where none is exact."""
+    best = None
+    for index, candidate in enumerate(candidates):
+        if not all(candidate["exact"]):
+            continue
+        if best is None or candidate["total_us"] < candidates[best]["total_us"]:
+            best = index
+    if best is None:
+        raise RuntimeError("no candidate launch configuration gives bitsandbytes' bits on this GPU")
+    return best
+
+
+def use_launch_config(cells: dict, config) -> None:
+    """config as every later launch's: the paste unit's CONFIG_OVERRIDE. The plans of weights called before keep the
+    configuration they were made with, so they are dropped: each such weight's next call validates and plans again."""
+    cells["CONFIG_OVERRIDE"] = config
+    plans = cells.get("_plans")
+    if plans is not None:
+        plans.clear()
+
+
+def this_gpu(cells: dict) -> tuple[str, tuple]:
+    """The current GPU's model name and its capability as the paste unit reads it (its device_capability)."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    return torch.cuda.get_device_name(device), cells["device_capability"](device)
+
+
+def pick_launch_config(cells: dict, gpu: bool, rounds: int = PICK_ROUNDS, calls: int = PICK_CALLS) -> dict:
+    """The launch configuration for this GPU, in `cells` (the kernel cells' namespace: the notebook's globals(), or
+    vars() of the module benchmarks/cells.py loads). Without a GPU, or where LAUNCH_CONFIGS' entry was measured on this
+    GPU model (config_measured_here), nothing is timed or set. Elsewhere the candidates (launch_candidates) are
+    measured on the procedure's weights (pick_layers, measure_candidates) and the winner (pick_winner) becomes
+    CONFIG_OVERRIDE (use_launch_config). Returns notebook.json's launch_config_pick: gpu (its model, None without
+    one), capability, picked, table_entry (its name), replaced (the entry's fields), winner (the fields that run);
+    where picked: entry_slower, weights, candidates (fields, label, exact and gpu_us per weight, total_us), cost.
+
+    Cost on a T4 (at most 30 s asked), by default: builds, each candidate in each of the weights' dtypes: 6 x 2 = 12
+    at most, 10 in the notebook (its correctness cell built the entry's); 18 checked launches and 3 bitsandbytes
+    dequantizations; 6 x 3 x 2 x (3 + 10) = 468 timed launches, each after an L2 flush, in 36 profiler sessions.
+    Forecast from an H100 (capability patched to 7.5 so the T4's candidates build, TRITON_CACHE_DIR a new folder so
+    nothing comes from the disk cache): a build is host work (Triton, LLVM, ptxas), about the same for sm_75 and
+    sm_90, so a T4's check takes cost's check_s x 10 / builds x h, h the host's slowness (Colab's, unmeasured: 1-3
+    as T4_HOST_FACTORS); the timing, cost's timing_s x h (there nearly all host: launches, profiler sessions, the
+    process's first of which starts CUPTI: measure in a fresh process, as the notebook's is its first) plus
+    the T4's GPU work: per candidate and round 13 calls of each weight at call_bytes / T4_COPY_GBS (176 + 44 +
+    615 µs) and 39 flushes of 32 MiB (140 µs each), 16 ms; 12 of them, 0.2 s."""
+    if not gpu:
+        return {"what": PICK_METHOD, "gpu": None, "capability": None, "picked": False}
+    gpu_name, capability = this_gpu(cells)
+    entry, entry_name = table_entry(cells, capability)
+    pick = {"what": PICK_METHOD, "gpu": gpu_name, "capability": list(capability), "table_entry": entry_name,
+            "replaced": list(entry), "winner": list(entry), "picked": False}
+    if config_measured_here(capability, gpu_name, cells["LAUNCH_CONFIGS"]):
+        return pick
+    candidates = launch_candidates(cells, capability)
+    layers = pick_layers()
+    results, cost = measure_candidates(cells, candidates, capability, layers, rounds, calls)
+    best = pick_winner(results)
+    use_launch_config(cells, candidates[best])
+    entry_slower = None  # the entry's total over the winner's, less 1; None where the entry is not exact
+    if all(results[0]["exact"]):  # launch_candidates puts the entry first
+        entry_slower = results[0]["total_us"] / results[best]["total_us"] - 1
+    weights = [f"{m}x{hd} {dtype_name(dtype)}" for _, _, hd, m, _, dtype in PROCEDURE_CASES]
+    pick.update(picked=True, winner=list(candidates[best]), entry_slower=entry_slower, weights=weights,
+                candidates=results, cost=cost)
+    return pick
+
+
+def launch_config_line(pick: dict) -> str:
+    """One line for the T4 section (pick: pick_launch_config's): which configuration ran and where it was picked."""
+    if pick["gpu"] is None:
+        return "Launch configuration: none picked without a GPU (the interpreter runs DEFAULT_CONFIG); nothing timed."
+    entry = f"{pick['table_entry']} ({describe_config(pick['replaced'])})"
+    if not pick["picked"]:
+        return f"Launch configuration: {entry}, measured on this GPU model ({pick['gpu']}): not re-picked."
+    where = f"picked on this {pick['gpu']} from {len(pick['candidates'])} candidates"
+    if pick["winner"] == pick["replaced"]:
+        return f"Launch configuration: {entry}, {where}: the table's entry was the fastest."
+    if pick["entry_slower"] is None:
+        verdict = "was not bit-exact"
+    else:
+        verdict = f"was {pick['entry_slower']:.1%} slower"
+    return f"Launch configuration: {describe_config(pick['winner'])}, {where}; the table's {entry} {verdict}."
 
 
 MEASUREMENT = {"kernel": GPU_TIME_METHOD, "host": HOST_TIME_METHOD, "floor": LAUNCH_REFERENCE_METHOD,
