@@ -8,7 +8,7 @@ report.py shows it. Nothing here imports the kernel: functions take the callable
                                    make_layer, exactness, dequantizers, check_baselines, usable, MLP,
                                    call_bytes, procedure_bytes, procedure_result, round_ratios (the procedure
                                    itself is the notebook's cell tagged `procedure`)
-  3. torch.compile                 compile_report, compile_claim
+  3. torch.compile                 quiet_torch_compile, compile_report, compile_claim
   4. Result files                  results_dir, write_results, shown_path, pack_run
 
 Anything global a function changes is restored.
@@ -528,12 +528,33 @@ def _fresh(function: Callable) -> Callable:
                               function.__defaults__, function.__closure__)
 
 
+@contextlib.contextmanager
+def quiet_torch_compile():
+    """Nothing torch.compile warns or logs in the block reaches the output (on a T4 Inductor warns of its bf16
+    refusal and, its caches off, logs the temporary folder it kept: a machine path): warnings go into the list it
+    yields, the records of torch's loggers (torch's and each with handlers of its own) to a NullHandler. Restored."""
+    loggers = [logging.getLogger("torch")]
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if name.startswith("torch.") and isinstance(logger, logging.Logger) and logger.handlers:
+            loggers.append(logger)
+    kept = [(logger.handlers, logger.propagate) for logger in loggers]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            for logger in loggers:
+                logger.handlers, logger.propagate = [logging.NullHandler()], False
+            yield caught
+        finally:
+            for logger, (handlers, propagate) in zip(loggers, kept):
+                logger.handlers, logger.propagate = handlers, propagate
+
+
 def compile_report(dequantize: Callable, dtypes=(torch.float16, torch.bfloat16), hd: int = PROCEDURE_CASES[0][2],
                    m: int = PROCEDURE_CASES[0][3], seed: int = PROCEDURE_CASES[0][4]) -> dict:
     """torch.compile(fullgraph=True) of the procedure's MLP, its weights dequantized by `dequantize` in the
     graph, per dtype on the current GPU: what compiled and matched, or why Inductor refused (reported: it
-    refuses bf16 on a T4; other errors raise). Each compile is of a `_fresh` copy (no other compiled
-    function is dropped); random states are restored. {"gpu", "capability", "bf16_native", "dtypes":
+    refuses bf16 on a T4; other errors raise), under quiet_torch_compile. Each compile is of a `_fresh` copy
+    (no other compiled function is dropped); random states are restored. {"gpu", "capability", "bf16_native", "dtypes":
     {str(dtype): checks, bools but the max abs difference, or {"compiled": False, "reason", ...}}}."""
     import torch._inductor.config
     from torch._dynamo.device_interface import get_interface_for_device
@@ -557,8 +578,7 @@ def compile_report(dequantize: Callable, dtypes=(torch.float16, torch.bfloat16),
             X = torch.randn(2, 333, hd, dtype=dtype, device="cuda")
         layers = mlp.layers()
         eager_weights, eager_out = forward(X, *layers)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with quiet_torch_compile() as caught:
             try:
                 compiled = torch.compile(_fresh(forward), fullgraph=True)
                 weights, out = compiled(X, *layers)
@@ -569,12 +589,12 @@ def compile_report(dequantize: Callable, dtypes=(torch.float16, torch.bfloat16),
                     "compiled": False, "refused_by": "Inductor", "reason": inductor_refusal(error),
                     "warnings": sorted({str(w.message) for w in caught if "_inductor" in w.filename})}
                 continue
-        graphs = counters["stats"]["unique_graphs"]
-        repeats = [compiled(X, *layers) for _ in range(3)]
-        recompiled = counters["stats"]["unique_graphs"] != graphs
-        on_eager_weights = torch.compile(_fresh(mlp_only), fullgraph=True)(X, *eager_weights)
-        with torch._inductor.config.patch(emulate_precision_casts=True):
-            _, emulated = torch.compile(_fresh(forward), fullgraph=True)(X, *layers)
+            graphs = counters["stats"]["unique_graphs"]
+            repeats = [compiled(X, *layers) for _ in range(3)]
+            recompiled = counters["stats"]["unique_graphs"] != graphs
+            on_eager_weights = torch.compile(_fresh(mlp_only), fullgraph=True)(X, *eager_weights)
+            with torch._inductor.config.patch(emulate_precision_casts=True):
+                _, emulated = torch.compile(_fresh(forward), fullgraph=True)(X, *layers)
         report["dtypes"][str(dtype)] = {
             "compiled": True,
             "weights_bit_identical": all(map(torch.equal, weights, eager_weights)),
@@ -673,7 +693,10 @@ def pack_run(directory: Path, notebook: dict | None = None) -> str:
     elif runtime_name() == "Kaggle":
         shutil.copy(archive, Path("/kaggle/working") / archive.name)
         where += f" (also /kaggle/working/{archive.name}, this notebook's output)"
-    with_notebook = "with" if f"{inside}/{NOTEBOOK_NAME}" in names else "without"
-    return "\n".join([wrap(f"Packed {where}, {with_notebook} the executed notebook."),
-                      "To make it the repository's, unzip it at the repository's root and run",
-                      f"    python -m benchmarks.headline {inside}"])
+    adopt = f"    python -m benchmarks.adopt {shown_path(archive)}"
+    if f"{inside}/{NOTEBOOK_NAME}" in names:
+        return "\n".join([wrap(f"Packed {where}, with the executed notebook."),
+                          "To make it the repository's, run at the repository's root", adopt])
+    return "\n".join([wrap(f"Packed {where}, without the executed notebook (this runtime lets no cell read it)."),
+                      "To make it the repository's, download this notebook, outputs and all (File → Download); run",
+                      adopt + " --notebook PATH_OF_THAT_NOTEBOOK.ipynb"])

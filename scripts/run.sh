@@ -30,12 +30,14 @@ elif [ "${1:-}" != "--no-install" ]; then
 fi
 say "executing Unsloth_Puzzles_NF4.ipynb with $("$PY" -c 'import torch, triton; print(f"torch {torch.__version__}, triton {triton.__version__}")')"
 "$PY" - <<'PY'
+import time
 import nbformat
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 import helpers
 import report
 notebook = nbformat.read(helpers.NOTEBOOK_NAME, as_version=4)
+started = time.time()
 kernel = KernelManager(kernel_name="python3", transport="ipc")  # on this machine: no TCP, so no plain-text warning
 try:
     NotebookClient(notebook, km=kernel, timeout=1800, record_timing=False,
@@ -43,7 +45,9 @@ try:
 finally:
     kernel.shutdown_kernel(now=True)
 notebook.metadata.pop("widgets", None)
-directory = helpers.results_dir(helpers.environment())
+# the folder the run wrote: its GPU's, or the one it answered as (a startup file can make it answer as a T4)
+written = [path.parent for path in helpers.ROOT.glob("results/*/notebook.json") if path.stat().st_mtime >= started]
+directory = written[0] if len(written) == 1 else helpers.results_dir(helpers.environment())
 nbformat.write(notebook, directory / helpers.NOTEBOOK_NAME)
 packed = helpers.pack_run(directory) if (directory / "notebook.json").exists() else None  # with the notebook
 print("\n".join(report.run_summary(notebook, directory, packed)))

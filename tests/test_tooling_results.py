@@ -4,6 +4,7 @@ give; every number the README's prose states is a result file's; committed outpu
 the README's commands are what CI runs."""
 import json
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -146,7 +147,8 @@ def _leaves(value):
 
 def _derived(results: dict):
     """What the README may state of a notebook.json beyond its own numbers: the procedure's ratios round by round
-    and of its medians, the kernel table's ratios, the floor and ours over it."""
+    and of its medians, the kernel table's ratios, the floor and ours over it; of a model.json, its rows' median
+    speedup."""
     procedure = results.get("procedure", {})
     for name in procedure:
         if name != "ours":
@@ -158,6 +160,9 @@ def _derived(results: dict):
         floor_s = helpers.procedure_bytes() / 1e9 / results["device_copy_gbs"]
         yield floor_s
         yield from (result["median_s"] / floor_s for result in procedure.values())
+    speedups = [row["speedup"] for row in results.get("rows", []) if "speedup" in row]
+    if speedups:  # model.json: the README states the median over its rows (with the rows' range)
+        yield statistics.median(speedups)
 
 
 def _folder_values(folder: Path) -> list[float]:
@@ -169,32 +174,60 @@ def _folder_values(folder: Path) -> list[float]:
     return values
 
 
-def _named_gpu(folder: Path) -> str:
-    """How the README names a folder's GPU: 'nvidia-h200' -> 'H200', 'tesla-t4' -> 'T4'."""
-    return folder.name.split("-")[1].upper()
+NAMED_FOLDER = re.compile(r"results/([a-z0-9][a-z0-9.-]*[a-z0-9])")
+
+
+def _named_folders(text: str) -> list[Path]:
+    """The results folders `text` names (`results/nvidia-h200/`; an archive, results/tesla-t4.zip, is none)."""
+    folders = [ROOT / "results" / name for name in NAMED_FOLDER.findall(text)]
+    return [folder for folder in folders if folder.is_dir()]
+
+
+def _numbers_no_named_folder_gives(prose: str) -> list[str]:
+    """Each number `prose` states that is none of the constants the code states, nor a number of the result files
+    of the folders its sentence names (results/<gpu>/), else of those its paragraph names: a message each. The
+    headline's folder is never assumed, so that adopting another GPU's run leaves the prose true."""
+    constants = [timing.T4_COPY_GBS, report.PUZZLE_TARGET, helpers.procedure_bytes() / 1e9 / timing.T4_COPY_GBS,
+                 *timing.T4_HOST_FACTORS]
+    problems = []
+    for paragraph in prose.split("\n\n"):
+        for sentence in re.split(r"(?<=[.:;])\s+(?=[A-Z*(])", " ".join(paragraph.split())):
+            folders = _named_folders(sentence) or _named_folders(paragraph)
+            values = constants + [value for folder in folders for value in _folder_values(folder)]
+            named = ", ".join(f"results/{folder.name}/" for folder in folders) or "no folder (name its results/<gpu>/)"
+            for number, unit in STATED.findall(sentence):
+                decimals = len(number.split(".")[1]) if "." in number else 0
+                scale = 100 if unit == "%" else 1
+                if not any(round(value * scale, decimals) == float(number) for value in values):
+                    problems.append(f"the README states {number} {unit} ('{sentence[:80]}...'), which no result "
+                                    f"file of {named} gives")
+    return problems
 
 
 def test_every_number_the_readme_results_prose_states_is_a_result_files():
-    """A number in a sentence of the Results prose is one of the headline folder's result files (or of the folder
-    of another GPU the same sentence names), or one of the constants the code states."""
+    """A number in the Results prose is a result file's of the folder its sentence or paragraph names."""
     readme = (ROOT / "README.md").read_text()
-    source, block = headline.current_headline("readme")
-    results_text = readme.split("## Results", 1)[1].split("\n## ", 1)[0].replace(block, "")
-    constants = [timing.T4_COPY_GBS, report.PUZZLE_TARGET, helpers.procedure_bytes() / 1e9 / timing.T4_COPY_GBS,
-                 *timing.T4_HOST_FACTORS]
-    headline_values = constants + _folder_values(ROOT / source)
-    others = [folder for folder in sorted((ROOT / "results").iterdir())
-              if folder.is_dir() and folder != ROOT / source and "-" in folder.name]
-    sentences = re.split(r"(?<=[.:;])\s+(?=[A-Z*(])", " ".join(results_text.split()))
-    stated = [(sentence, number, unit) for sentence in sentences for number, unit in STATED.findall(sentence)]
-    assert stated, "the Results prose states no number"
-    for sentence, number, unit in stated:
-        values = headline_values + [value for folder in others if _named_gpu(folder) in sentence
-                                    for value in _folder_values(folder)]
-        decimals = len(number.split(".")[1]) if "." in number else 0
-        scale = 100 if unit == "%" else 1
-        assert any(round(value * scale, decimals) == float(number) for value in values), (
-            f"the README states {number} {unit} ('{sentence[:80]}...'), which no result file of {source} gives")
+    _, block = headline.current_headline("readme")
+    prose = readme.split("## Results", 1)[1].split("\n## ", 1)[0].replace(block, "")
+    assert STATED.search(prose), "the Results prose states no number"
+    problems = _numbers_no_named_folder_gives(prose)
+    assert not problems, "\n".join(problems)
+
+
+def test_a_number_of_the_prose_is_held_to_the_folder_it_names_never_the_headlines():
+    # the H100's host time per call of ours, as the README states it: in its folder's files, not in the H200's
+    h100 = json.loads((ROOT / "results" / "nvidia-h100-80gb-hbm3" / "notebook.json").read_text())
+    host = f"{h100['cpu_cost']['ours_us']:.1f} µs"
+    in_its_sentence = f"On the H100 (`results/nvidia-h100-80gb-hbm3/`) ours costs {host}."
+    in_its_paragraph = f"On the H100 (`results/nvidia-h100-80gb-hbm3/`): a call.\nIt costs ours {host}."
+    assert _numbers_no_named_folder_gives(in_its_sentence) == []
+    assert _numbers_no_named_folder_gives(in_its_paragraph) == []
+    another = _numbers_no_named_folder_gives(f"On the H200 (`results/nvidia-h200/`) ours costs {host}.")
+    assert len(another) == 1 and another[0].endswith("which no result file of results/nvidia-h200/ gives")
+    none = _numbers_no_named_folder_gives(f"Ours costs {host}.")  # the headline's folder is not assumed
+    assert len(none) == 1 and "no folder (name its results/<gpu>/)" in none[0]
+    apart = _numbers_no_named_folder_gives(f"On the H100 (`results/nvidia-h100-80gb-hbm3/`).\n\nIt costs {host}.")
+    assert len(apart) == 1, "a folder named in another paragraph does not count"
 
 
 README_WORDS = 1200  # issue 37: outside the generated headline
@@ -283,7 +316,10 @@ def test_a_run_is_packed_into_one_archive_named_as_in_the_repository(tmp_path, m
     assert notebook == {"cells": [], "nbformat": 4}
     assert said.splitlines() == [
         "Packed 3 files of results/tesla-t4/ in results/tesla-t4.zip, with the executed notebook.",
-        "To make it the repository's, unzip it at the repository's root and run",
-        "    python -m benchmarks.headline results/tesla-t4"]  # the command on a line of its own, to copy
+        "To make it the repository's, run at the repository's root",
+        "    python -m benchmarks.adopt results/tesla-t4.zip"]  # the command on a line of its own, to copy
     said = helpers.pack_run(folder)  # outside Colab no notebook to read: the folder's files alone
     assert "Packed 2 files" in said and "without the executed notebook" in said
+    command = "    python -m benchmarks.adopt results/tesla-t4.zip --notebook PATH_OF_THAT_NOTEBOOK.ipynb"
+    assert said.splitlines()[-1] == command
+    assert "File → Download" in said and max(map(len, said.splitlines())) <= helpers.MAX_LINE
