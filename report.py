@@ -2,8 +2,8 @@
 score card, markdown tables and plots. Fetched beside them; nothing here measures.
 
   1. Score card and run clock  ScoreCard, RunClock, show, wrap, device_note
-  2. Tables, as markdown       markdown_table, format_ratio, format_procedure, format_floor, format_t4_forecast,
-                               format_kernel_table, format_cpu_cost, describe_layer, split_rows, mean_split,
+  2. Tables, as markdown       markdown_table, format_ratio, format_procedure, format_floor, format_t4_emulation,
+                               format_kernel_table, describe_layer, split_rows, mean_split,
                                saved_split, format_time_split, format_compile_report
   3. Plots                     plot_procedure, plot_kernel_speedups, plot_bandwidth, plot_time_split;
                                show_figure (with alt text), figure_alt
@@ -25,7 +25,7 @@ from typing import Iterable, Sequence
 
 from helpers import (BASELINES, MAX_LINE, METHODS, OURS, PROCEDURE_METHOD, SAME_KERNELS, column, dtype_name, is_t4,
                      round_ratios, short_dtype, shown_path, versions_line, wrap)
-from timing import GPU_TIME_METHOD, HOST_TIME_METHOD, LAUNCH_REFERENCE_METHOD, T4_COPY_GBS
+from timing import EMULATION_ASSUMES, GPU_TIME_METHOD, T4_COPY_GBS
 
 # 1. Score card and run clock ------------------------------------------------------------------
 # The puzzle's marking, in its order: key -> (the criterion and its points, the points it can give).
@@ -50,18 +50,14 @@ def speedup_evidence(procedure: dict, baseline: str, env: dict) -> str:
             f"{METHODS[baseline].column}")
 
 
-def t4_evidence(forecast: dict, baseline: str, env: dict) -> str:
-    """What a T4 would give, beside the ratio another GPU measured: the forecast and the emulation ('' on a T4,
-    whose own procedure is the measurement)."""
-    if is_t4(env) or baseline not in forecast["ratio_range"]:
+def t4_evidence(emulated: dict | None, baseline: str, env: dict) -> str:
+    """What a T4 would give, beside the ratio another GPU measured: the emulation ('' on a T4, whose own
+    procedure is the measurement, or where it did not run)."""
+    if is_t4(env) or not emulated or baseline not in emulated["ratios"]:
         return ""
-    low, high = forecast["ratio_range"][baseline]
-    text = f"on a T4 (not measured): forecast {low:.2f}x - {high:.2f}x"
-    emulated = forecast.get("emulated") or {}
-    if baseline in emulated.get("ratios", {}):
-        low, high = emulated["ratio_range"][baseline]
-        text += f", emulated {emulated['ratios'][baseline]:.2f}x ({low:.2f}x - {high:.2f}x over {emulated['rounds']} rounds)"
-    return text
+    low, high = emulated["ratio_range"][baseline]
+    return (f"on a T4, not measured: emulated {emulated['ratios'][baseline]:.2f}x ({low:.2f}x - {high:.2f}x over "
+            f"{emulated['rounds']} rounds)")
 
 
 PUZZLE_TARGET = 1.15  # the speedup the puzzle asks for
@@ -325,44 +321,13 @@ T4_PUBLIC_RUNS = (
     "Both most likely ran the classic path: unsloth's released fast_dequantize launched bitsandbytes' three kernels "
     "until the fused path shipped.")
 EMULATION_CAVEAT = (  # the sm_75 builds' times: the notebook's "The T4 path", from results/<gpu>/t4_code.json
-    "Every kernel gets the same T4 GPU time for its bytes, so the emulation weighs the host's share alone; how the "
-    "kernels' own sm_75 builds compare is The T4 path, in the appendix.")
+    "How the kernels' own sm_75 builds compare is The T4 path, in the appendix.")
 
 
-def _either(values: Sequence) -> str:
-    """[1, 2, 3] -> '1, 2 or 3'."""
-    if len(values) == 1:
-        return str(values[0])
-    return ", ".join(str(value) for value in values[:-1]) + f" or {values[-1]}"
-
-
-def format_t4_forecast(forecast: dict | None, env: dict) -> str:
-    """helpers.t4_forecast as markdown, labelled a forecast: how it is made, per method its seconds at each host
-    factor and per baseline its ratio to ours over them, the model's error on this GPU; then the emulation
-    (helpers.emulate_t4, forecast["emulated"]) where it ran, or on a T4 that the procedure is the measurement;
-    then public T4 runs for bearings. Without a forecast (no split) only the public runs."""
-    if forecast is None:
-        return wrap(T4_PUBLIC_RUNS)
-    inputs = forecast["inputs"]
-    factors = inputs["host_factors"]
-    calls = sum(case["calls"] for case in inputs["cases"]["ours"])
-    how = (f"**T4 forecast, not a measurement**, from this run's split (*Where the time goes*): per call, GPU time x "
-           f"{inputs['gpu_scale']:.2f} (this GPU's copy bandwidth, {inputs['copy_gbs']:.0f} GB/s, over a T4's "
-           f"{inputs['t4_copy_gbs']} GB/s), issue time x {_either(factors)} (Colab's host is slower than "
-           "this one by a factor not measured here), the wait beyond GPU time as measured; times the procedure's "
-           f"{calls} calls.")
-    rows = []
-    for name, seconds in forecast["seconds"].items():
-        ratios = forecast["ratios"].get(name)
-        ratio = f"{min(ratios):.2f}x - {max(ratios):.2f}x" if ratios else ""
-        rows.append([column(name), *(f"{s:.2f}" for s in seconds), ratio])
-    header = ["method", *(f"forecast, host x{factor}, s" for factor in factors),
-              f"baseline / ours, host x{factors[0]} to x{factors[-1]}"]
-    errors = ", ".join(f"{column(name)} {e['model_s']:.3f} s for {e['measured_s']:.3f} s ({e['error']:+.1%})"
-                       for name, e in forecast["model_error"].items())
-    parts = [wrap(how), markdown_table(header, rows),
-             wrap(f"The model on this GPU (GPU time x 1, issue x 1) against this run's procedure (median): {errors}.")]
-    emulated = forecast.get("emulated")
+def format_t4_emulation(emulated: dict | None, env: dict) -> str:
+    """The T4 estimate: timing.emulate_t4's result (format_emulation) where it ran, on a T4 that the procedure is
+    the measurement; then public T4 runs for bearings."""
+    parts = []
     if emulated:
         parts.append(format_emulation(emulated, env))
     elif is_t4(env):
@@ -385,8 +350,9 @@ def format_emulation(emulated: dict, env: dict) -> str:
     spread = ", ".join(f"{column(name)} {value:.1%}" for name, value in emulated["spread"].items())
     return wrap(f"**Emulated on {env['gpu']}, not measured on a T4**: {emulated['what']}, {pads} µs a call in the "
                 f"three cases; the procedure in {emulated['rounds']} rounds, the order rotated, seconds (median) "
-                f"and baseline / ours (median, min - max): {', '.join(shown)}. The padding is the same in every "
-                f"round, so the spread between rounds is this host's time per call: {spread}. {EMULATION_CAVEAT}")
+                f"and baseline / ours (median, min - max): {', '.join(shown)}. It assumes {EMULATION_ASSUMES}. The "
+                f"padding is the same in every round, so the spread between rounds is this host's time per call: "
+                f"{spread}. {EMULATION_CAVEAT}")
 
 
 def format_kernel_table(rows: Sequence[dict], methods: Sequence[str]) -> str:
@@ -405,19 +371,6 @@ def format_kernel_table(rows: Sequence[dict], methods: Sequence[str]) -> str:
         wrap(f"Kernel only. {GPU_TIME_METHOD}; µs per call, median of {rows[0]['ours_samples']} calls, "
              f"baseline / ours in brackets. GPU operations per call: {kernels}."),
         markdown_table(header, table)])
-
-
-def format_cpu_cost(cost: dict, methods: Sequence[str]) -> str:
-    """cpu_cost_table as markdown: every method beside a reference launch (LAUNCH_REFERENCE_METHOD, keyed
-    "floor" in result files), which is no lower bound: a call may cost less."""
-    names = [(m, column(m)) for m in methods] + [("floor", "reference: torch.empty + one launch of a trivial kernel"),
-                                                 ("empty", "torch.empty alone"),
-                                                 ("triton_launch", "Triton's own launch of that kernel")]
-    rows = [[label, f"{cost[f'{key}_us']:.2f}", f"{cost[f'{key}_p20_us']:.2f} - {cost[f'{key}_p80_us']:.2f}",
-             f"{cost[f'{key}_us'] / cost['floor_us']:.2f}x"] for key, label in names]
-    return "\n\n".join([wrap(f"Host time per call, {cost['layer']}: {HOST_TIME_METHOD}. "
-                             f"Reference: {LAUNCH_REFERENCE_METHOD}."),
-                        markdown_table(["call", "µs, median", "p20 - p80", "/ reference"], rows)])
 
 
 SPLIT_ROW_KEYS = ("case", "weight", "dtype", "wall_us", "issue_us", "wait_us", "gpu_us")

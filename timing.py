@@ -1,11 +1,11 @@
 """How the notebook's times are made, in its order: kernel-only GPU time from the profiler, host time,
-the split of a call in the procedure's loop, and what a T4 would take (a forecast from that split, and an
-emulation on this GPU). helpers.py sets up what they time; report.py shows the numbers.
+the split of a call in the procedure's loop, and what a T4 would take (an emulation on this GPU). helpers.py
+sets up what they time; report.py shows the numbers.
 
   GPU time        gpu_time, gpu_samples, l2_flush, kernel_table (beside a copy kernel), device_copy_gbs
-  Host time       host_time, cpu_cost_table (beside a reference launch)
+  Host time       host_time (the notebook's host time per call is the procedure's split: add_call_split)
   A call's split  timed_calls, add_call_split (wall = issue + wait, GPU time beside)
-  A T4            T4_COPY_GBS, t4_forecast (arithmetic), emulate_t4 and PaddedToT4 (measured)
+  A T4            T4_COPY_GBS, emulate_t4 and PaddedToT4 (measured), EMULATION_ASSUMES
   Launch config   pick_launch_config: the paste unit's configuration picked on this GPU, where LAUNCH_CONFIGS' entry
                   was measured on other GPU models (CONFIG_MEASURED_ON); launch_config_line says which ran
 
@@ -43,10 +43,6 @@ GPU_TIME_METHOD = ("GPU time: summed durations of every kernel, copy and memset 
 HOST_TIME_METHOD = "host time: perf_counter around one call issued with the GPU idle (synchronized before, untimed)"
 CALL_SPLIT_METHOD = ("a call of the procedure's loop timed by perf_counter in two parts, issue (the call to its "
                      "return, .t() included) and wait (inside torch.cuda.synchronize()): wall = issue + wait")
-LAUNCH_REFERENCE_METHOD = (  # result files key it "floor", their older name for it: it is no lower bound
-    "torch.empty of the output plus one launch of a trivial compiled Triton kernel (16 stores) through Triton's "
-    "CompiledKernel launcher, stream given (compiled[grid](out, stream=s)): no argument binding, specialization or "
-    "cache lookup, but Triton's hook check (~2 µs on an H200 over calling the launcher's run directly)")
 FLUSH_KERNEL = "_l2_flush_before_timed_call"
 _FLUSHES: dict[int, L2Flush] = {}  # device index -> its flush, made on first use
 
@@ -299,78 +295,13 @@ def kernel_table(methods: dict[str, Callable]) -> list[dict]:
     return rows
 
 
-if triton is not None:  # a GPU kernel, defined only with a GPU
-    @triton.jit
-    def _store_16_zeros(out_ptr):
-        # The least a launch can do and still leave a result. No constexpr and no integer argument:
-        # every Triton version passes its launcher the same arguments.
-        tl.store(out_ptr + tl.arange(0, 16), tl.zeros([16], dtype=tl.float32))
-
-
-def cpu_cost_table(methods: dict[str, Callable]) -> dict:
-    """Host time per call (HOST_TIME_METHOD) of every method on the procedure's first weight, beside a reference
-    launch (LAUNCH_REFERENCE_METHOD, keyed "floor"), torch.empty alone, and Triton's own launch of its kernel."""
-    out_features, in_features, dtype = KERNEL_SHAPES[0]
-    size = torch.Size((out_features, in_features))
-    layer = make_layer(out_features, in_features, dtype)
-    sample = torch.empty(size, dtype=dtype, device="cuda")
-    standard = lambda: _store_16_zeros[(1,)](sample)
-    direct = standard()[(1, 1, 1)]  # Triton's own launch compiles the kernel and returns it: its launcher
-    stream = torch.cuda.current_stream().cuda_stream
-    timed = {name: (lambda fn=fn: fn(layer)) for name, fn in methods.items()}
-    timed.update(floor=lambda: direct(torch.empty(size, dtype=dtype, device="cuda"), stream=stream),
-                 empty=lambda: torch.empty(size, dtype=dtype, device="cuda"), triton_launch=standard)
-    table = {"layer": f"{out_features}x{in_features} {dtype_name(dtype)}", "floor": LAUNCH_REFERENCE_METHOD}
-    for name, fn in timed.items():
-        table.update(host_time(fn).fields(name))
-    return table
-
-
-# A T4: forecast from this run's split, and emulation on this GPU ---------------------------------
+# A T4, emulated on this GPU ---------------------------------------------------------------------
 # A T4's device-to-device copy, bytes read + written (as device_copy_gbs counts them): CUDA's bandwidthTest
 # measured 239.6 GB/s device to device on a T4. Its datasheet's 320 GB/s is a peak no copy reaches.
 T4_COPY_GBS = 240
-T4_HOST_FACTORS = (1, 2, 3)  # Colab's host is slower than this one by a factor nobody here measured
-T4_FORECAST_METHOD = (
-    "forecast, not a measurement: per call, issue x host factor + GPU time x (this GPU's copy GB/s / a T4's) + the "
-    "wait beyond GPU time (max(wait - GPU, 0)) as measured, times the procedure's calls, summed over its cases")
 EMULATION_METHOD = "each call padded to a T4's GPU time for its bytes (torch.cuda._sleep on the current stream)"
-
-
-def forecast_seconds(cases: Sequence[dict], gpu_scale: float, host_factor: float) -> float:
-    """The procedure's seconds by T4_FORECAST_METHOD's model, from one method's cases (add_call_split's
-    issue_us, wait_us, gpu_us and the procedure's calls): GPU time x gpu_scale, issue x host_factor."""
-    total_us = 0.0
-    for case in cases:
-        wait_beyond_gpu_us = max(case["wait_us"] - case["gpu_us"], 0.0)
-        per_call_us = case["issue_us"] * host_factor + case["gpu_us"] * gpu_scale + wait_beyond_gpu_us
-        total_us += per_call_us * case["calls"]
-    return total_us / 1e6
-
-
-def t4_forecast(procedure: dict, copy_gbs: float, host_factors: Sequence[float] = T4_HOST_FACTORS,
-                t4_gbs: float = T4_COPY_GBS) -> dict | None:
-    """The procedure on a T4, forecast (T4_FORECAST_METHOD) from this run's split: per method its seconds at each
-    host factor, per baseline its seconds / ours at each, and the model's error on this GPU (gpu_scale 1, host
-    factor 1, against this run's measured median). None unless every method's cases carry the split."""
-    for result in procedure.values():
-        if not result.get("cases") or not all("issue_us" in case for case in result["cases"]):
-            return None
-    gpu_scale = copy_gbs / t4_gbs
-    inputs = {"copy_gbs": copy_gbs, "t4_copy_gbs": t4_gbs, "gpu_scale": gpu_scale, "host_factors": list(host_factors),
-              "cases": {name: [{key: case[key] for key in ("case", "calls", "issue_us", "wait_us", "gpu_us")}
-                               for case in result["cases"]] for name, result in procedure.items()}}
-    seconds = {name: [forecast_seconds(result["cases"], gpu_scale, factor) for factor in host_factors]
-               for name, result in procedure.items()}
-    ratios = {name: [base / ours for base, ours in zip(seconds[name], seconds["ours"])]
-              for name in seconds if name in BASELINES}
-    model_error = {}
-    for name, result in procedure.items():
-        model_s = forecast_seconds(result["cases"], 1.0, 1.0)
-        model_error[name] = {"model_s": model_s, "measured_s": result["median_s"],
-                             "error": model_s / result["median_s"] - 1}
-    return {"what": T4_FORECAST_METHOD, "inputs": inputs, "seconds": seconds, "ratios": ratios,
-            "ratio_range": {name: [min(r), max(r)] for name, r in ratios.items()}, "model_error": model_error}
+EMULATION_ASSUMES = ("the kernels keep on a T4 the gap they have here (a call's GPU time there: its time here plus "
+                     f"how much longer a T4 copies its bytes at {T4_COPY_GBS} GB/s), and the host is this machine's")
 
 
 def t4_pad_us(n_elements: int, out_dtype: torch.dtype, copy_gbs: float, t4_gbs: float = T4_COPY_GBS) -> float:
@@ -602,7 +533,7 @@ def pick_launch_config(cells: dict, gpu: bool, rounds: int = PICK_ROUNDS, calls:
     Forecast from an H100 (capability patched to 7.5 so the T4's candidates build, TRITON_CACHE_DIR a new folder so
     nothing comes from the disk cache): a build is host work (Triton, LLVM, ptxas), about the same for sm_75 and
     sm_90, so a T4's check takes cost's check_s x 10 / builds x h, h the host's slowness (Colab's, unmeasured: 1-3
-    as T4_HOST_FACTORS); the timing, cost's timing_s x h (there nearly all host: launches, profiler sessions, the
+    as hosts vary); the timing, cost's timing_s x h (there nearly all host: launches, profiler sessions, the
     process's first of which starts CUPTI: measure in a fresh process, as the notebook's is its first) plus
     the T4's GPU work: per candidate and round 13 calls of each weight at call_bytes / T4_COPY_GBS (176 + 44 +
     615 µs) and 39 flushes of 32 MiB (140 µs each), 16 ms; 12 of them, 0.2 s."""
@@ -645,5 +576,5 @@ def launch_config_line(pick: dict) -> str:
     return f"Launch configuration: {describe_config(pick['winner'])}, {where}; the table's {entry} {verdict}."
 
 
-MEASUREMENT = {"kernel": GPU_TIME_METHOD, "host": HOST_TIME_METHOD, "floor": LAUNCH_REFERENCE_METHOD,
+MEASUREMENT = {"kernel": GPU_TIME_METHOD, "host": HOST_TIME_METHOD,
                "procedure": PROCEDURE_METHOD, "split": CALL_SPLIT_METHOD}  # how each clock measures: every result file

@@ -35,7 +35,6 @@ import timing
 from benchmarks.cells import load_kernel_cells
 
 T4 = (7, 5)  # the T4's compute capability
-LOOKUPS = {0: "L1", 1: "gathered"}  # LaunchConfig.lookup: how code[nibble] is read
 # The configurations a T4 may use: (weights_per_program, num_warps, lookup, evict_first). Each is built
 # for sm_75 and timed here, checked bit for bit in tests/test_t4_gpu.py and counted by t4_static.py;
 # LAUNCH_CONFIGS[(7, 5)] is one of them (--recommend). Why these: the WIDE grid's sm_75 builds on an
@@ -44,8 +43,7 @@ LOOKUPS = {0: "L1", 1: "gathered"}  # LaunchConfig.lookup: how code[nibble] is r
 # 4 warps, gathered, evict-first), the fastest at the small shapes (2048) and at the large ones (8192
 # on 4 warps, which spills in fp16: see results/t4-static), 8192 on 8 warps, and as controls the
 # steadiest without evict-first and with the L1 table.
-T4_CANDIDATES = ((4096, 4, 1, True), (2048, 4, 1, True), (8192, 4, 1, True), (8192, 8, 1, True),
-                 (4096, 4, 1, False), (4096, 4, 0, True))
+T4_CANDIDATES = timing.PICK_CANDIDATES[(7, 5)]  # (the pick on a T4 times the same ones)
 # --wide: every work per thread from 8 to 64 weights on 4 or 8 warps, both lookups, both eviction settings
 WIDE = tuple((w, warps, lookup, evict) for w in (1024, 2048, 4096, 8192) for warps in (4, 8)
              for lookup in (0, 1) for evict in (True, False) if 8 <= w // (32 * warps) <= 64)
@@ -58,19 +56,13 @@ TITLE = "the T4's sm_75 instructions run on {gpu} through the driver's JIT: not 
 METHOD = ("Each kernel compiled for sm_75 with the specialization and options Triton's JIT gives it, the PTX "
           "loaded through the CUDA driver's JIT on this GPU and launched by the JIT build's own launcher "
           "(compiled.run) with the arguments Triton passes it (the paste unit's launcher_arguments; function and "
-          f"launch metadata swapped). GPU time per call: {timing.GPU_TIME_METHOD}, median of {CALLS} calls. Every output is "
-          "compared bit for bit with bitsandbytes.functional.dequantize_4bit.")
+          f"launch metadata swapped). GPU time per call: {timing.GPU_TIME_METHOD}, median of {CALLS} calls. "
+          "Every output is compared bit for bit with bitsandbytes.functional.dequantize_4bit.")
 
 
 def t4_configs(kernel, candidates=T4_CANDIDATES) -> list:
     """The candidates as the kernel's LaunchConfig."""
     return [kernel.LaunchConfig(*candidate) for candidate in candidates]
-
-
-def describe(config) -> str:
-    """(2048, 4, 1, True, True) -> '2048 w, 4 warps, gathered, evict-first'."""
-    weights, warps, lookup, evict = tuple(config)[:4]
-    return f"{weights} w, {warps} warps, {LOOKUPS.get(lookup, lookup)}" + (", evict-first" if evict else "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,7 +266,7 @@ def measure_shape(kernel, utils, nf4, out_features, in_features, dtype, configs,
         entry = timed_and_checked(launch, reference, flush)
         row["ours"][str(list(config))] = {"config": list(config), "jit_build_bit_exact": torch.equal(out, reference),
                                           **entry, **launch.facts()}
-        print(f"{label} ours {describe(config):<40} {entry['median_us']:9.2f} us", flush=True)
+        print(f"{label} ours {timing.describe_config(config):<40} {entry['median_us']:9.2f} us", flush=True)
     if dtype == torch.bfloat16:  # the first candidate with the kernel's hand rounding to bf16
         launch = ours(kernel, layout, torch.empty_like(reference), configs[0], hand_bf16=True)
         row["hand_bf16_rounding"] = {"config": list(configs[0]), **timed_and_checked(launch, reference, flush)}
@@ -365,12 +357,13 @@ def recommendation_text(results: dict) -> str:
     lines = ["per shape, the fastest candidate (sm_75 build):"]
     for shape, best in rec["per_shape_best"].items():
         versus = f", {best['vs_unsloth']:.2f}x unsloth's sm_75" if best["vs_unsloth"] else ""
-        lines.append(f"  {shape:>11}: {describe(best['config'])}: {best['median_us']:.2f} us{versus}, "
+        best_config = timing.describe_config(best['config'])
+        lines.append(f"  {shape:>11}: {best_config}: {best['median_us']:.2f} us{versus}, "
                      f"{best['of_copy_speed']:.0%} of the copy kernel's speed")
     lines.append(f"proposed LAUNCH_CONFIGS[(7, 5)]: LaunchConfig{tuple(rec['launch_configs_t4'][:4])} ({rec['why']})")
     if rec["lose_to_unsloth_everywhere"]:
         lines.append("slower than unsloth's sm_75 build at every shape (drop): "
-                     + "; ".join(describe(config) for config in rec["lose_to_unsloth_everywhere"]))
+                     + "; ".join(timing.describe_config(config) for config in rec["lose_to_unsloth_everywhere"]))
     if rec["not_exact"]:
         lines.append("NOT bit-exact somewhere (never use): " + "; ".join(rec["not_exact"]))
     return "\n".join(lines)
@@ -416,7 +409,8 @@ def plot(results: dict, path: Path):
                 lower.text(col, row, f"{value:.2f}x", ha="center", va="center", fontsize=9,
                            fontweight="bold" if value >= 1.15 else "normal", color="black")
         lower.set_xticks(x, labels)
-        lower.set_yticks(range(len(keys)), [describe(shapes[0]["ours"][key]["config"]) for key in keys], fontsize=9)
+        labels = [timing.describe_config(shapes[0]["ours"][key]["config"]) for key in keys]
+        lower.set_yticks(range(len(keys)), labels, fontsize=9)
         lower.set_title("unsloth's sm_75 time / ours, per candidate (bold: 1.15x or more)", fontsize=10)
         fig.colorbar(image, ax=lower, fraction=0.04).set_label("unsloth's sm_75 time / ours", fontsize=9)
     fig.suptitle(TITLE.format(gpu=env["gpu"]) + f"\n{helpers.versions_line(env, date=False)}", fontsize=11)

@@ -115,7 +115,7 @@ def test_run_all_as_a_t4_packs_an_archive_whose_headline_reads_measured_on_a_t4(
     folder = run / "results" / "tesla-t4"
     results = json.loads((folder / "notebook.json").read_text())
     assert (results["environment"]["gpu"], results["environment"]["capability"]) == ("Tesla T4", "7.5")
-    assert results["t4_forecast"] is not None and "emulated" not in results["t4_forecast"]  # a T4: measured
+    assert results["t4_emulation"] is None  # a T4: the procedure is the measurement, nothing emulated
     text = "\n".join(_text(c) for c in notebook.cells if c.cell_type == "code")
     assert "Packed " in text and "results/tesla-t4.zip" in text, "the last cell names its archive"
     with zipfile.ZipFile(run / "results" / "tesla-t4.zip") as archive:
@@ -123,10 +123,10 @@ def test_run_all_as_a_t4_packs_an_archive_whose_headline_reads_measured_on_a_t4(
     assert "results/tesla-t4/notebook.json" in names and "results/tesla-t4/procedure.png" in names
     block = headline.block(str(folder), "readme")
     print(block)
-    assert block.startswith("Measured on a **Tesla T4**") and "forecast" not in block
+    assert block.startswith("Measured on a **Tesla T4**: **") and "forecast" not in block and "mulated" not in block
     card = next(c for c in notebook.cells if "report.ScoreCard(" in c.source)
     shown = "".join(output.get("data", {}).get("text/markdown", "") for output in card.outputs)
-    assert "on Tesla T4, the procedure vs" in " ".join(shown.split()) and "on a T4 (not measured)" not in shown
+    assert "on Tesla T4, the procedure vs" in " ".join(shown.split()) and "on a T4, not measured" not in shown
 
 
 def test_kernel_cells_are_tagged_and_stand_alone():
@@ -221,7 +221,7 @@ def test_the_procedure_is_a_visible_cell_and_makes_the_speedup():
     speedup_cells = [i for i, c in enumerate(cells) if 'card.set("speedup"' in "".join(c["source"])
                      or "card.speedup(" in "".join(c["source"])]
     assert speedup_cells == [cells.index(procedure)]
-    # on a GPU other than a T4, the forecast's cell adds what a T4 would give beside it, its points unchanged
+    # on a GPU other than a T4, the emulation's cell adds what a T4 would give beside it, its points unchanged
     t4_cells = [i for i, c in enumerate(cells) if 'card.add_evidence("speedup", report.t4_evidence(' in "".join(c["source"])]
     assert len(t4_cells) == 1 and t4_cells[0] > cells.index(procedure)
     helpers_source = (ROOT / "helpers.py").read_text()
