@@ -135,6 +135,7 @@ def case(kernel, nested, dtype):
         flipped = plan(W.t(), q)  # W.t() after W: the same bytes, the output transposed back
         result["transposed_view_matches_triton"] = flipped is not None and torch.equal(
             bits(flipped.t()), triton_bits) and flipped.shape == triton_bits.shape[::-1]
+        result["other_view_declined"] = plan(W.view(-1), q) is None  # its bytes, another shape
         result["fields_unseen_when_changed"] = unseen_changes(kernel, plan, W, q)
         result["storage_swaps_unseen"] = unseen_storage_swaps(kernel, plan, W, q)
         result["other_gpu_current"] = other_gpu_current(kernel, plan, W, q)

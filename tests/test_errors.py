@@ -61,6 +61,15 @@ BROKEN_STATES = {
     "state2 blocksize": (lambda qs: setattr(qs.state2, "blocksize", 3), ValueError,
                          "state2 needs a power-of-two blocksize"),
     "blocksize": (lambda qs: setattr(qs, "blocksize", 48), ValueError, "blocksize 48 is not a power of two"),
+    "blocksize 1": (lambda qs: setattr(qs, "blocksize", 1), ValueError, "blocksize 1 is not a power of two from 2 up"),
+    "fewer weights than W packs": (lambda qs: setattr(qs, "shape", torch.Size([32, 256])), ValueError,
+                                   r"W has 8192 bytes; \(32, 256\) weights pack into 4096"),
+    "state2 dtype": (lambda qs: setattr(qs.state2, "dtype", torch.float16), ValueError,
+                     "state2 needs a power-of-two blocksize and dtype float32, not 256 and torch.float16"),
+    "absmax not contiguous": (lambda qs: setattr(qs, "absmax", qs.absmax.repeat(2)[::2]), ValueError,
+                              r"quant_state\.absmax is not contiguous"),
+    "absmax not a tensor": (lambda qs: setattr(qs, "absmax", qs.absmax.tolist()), TypeError,
+                            r"quant_state\.absmax must be a tensor, got list"),
     "quant type": (lambda qs: setattr(qs, "quant_type", "int4"), ValueError, "quant_type 'int4'"),
 }
 
@@ -91,6 +100,11 @@ def test_the_codebook_decoded_is_bitsandbytes_table_not_quant_state_code(kernel,
     assert torch.equal(ours, bnbf.dequantize_4bit(layer.weight, qs))
     plain = kernel.dequantize_nf4(layer.weight, _state(layer))
     assert torch.equal(ours, plain) == (case == "another codebook")  # fp4's table is another
+
+
+def test_a_weight_that_is_not_a_tensor(kernel, layer):
+    with pytest.raises(TypeError, match="dequantize_nf4: W must be a tensor, got ndarray"):
+        kernel.dequantize_nf4(layer.weight.data.cpu().numpy(), _state(layer))
 
 
 def test_non_contiguous_weight(kernel, layer):

@@ -78,6 +78,11 @@ def test_a_plan_takes_the_transposed_view_of_its_weight(report, layout):
     assert report[layout]["transposed_view_matches_triton"]
 
 
+@pytest.mark.parametrize("layout", ["nested", "plain"])
+def test_a_plan_declines_another_view_of_its_bytes(report, layout):
+    assert report[layout]["other_view_declined"]
+
+
 def test_each_case_the_header_names_takes_the_launches_it_says(report):
     # (Triton's launches, direct launches) per call, as the launch path's header says for each case
     paths = report["paths"]

@@ -588,3 +588,36 @@ def test_a_first_call_inside_graph_capture_keeps_no_table_and_never_syncs(kernel
     assert kernel._TABLES == {} and list(kernel._PINNED) == ["nf4"]
     monkeypatch.undo()
     assert_same_bits(out, expected, "captured")
+
+
+def test_every_input_of_a_launch_tells_kinds_apart(kernel, monkeypatch):
+    # a kind's compiled kernel launches every later weight of the kind: whatever Triton specializes on, or the
+    # launch is made with, must give another kind
+    layer = _layer(seed=90)
+    layout = kernel.validate(layer.weight, layer.weight.quant_state).layout
+    config, capability = kernel.DEFAULT_CONFIG, (9, 0)
+    addresses = [tensor.data_ptr() for tensor in kernel.kernel_inputs(layout)] + [0]
+    base = kernel.kind_key(layout, config, capability, addresses)
+    assert kernel.kind_key(layout, config, capability, list(addresses)) == base
+
+    class OnAnotherGpu:
+        def get_device(self):
+            return layout.packed.get_device() + 1
+
+    changed = {
+        "config": (layout, config._replace(num_warps=8), capability, addresses),
+        "capability": (layout, config, (8, 0), addresses),
+        "shape": (layout._replace(shape=torch.Size([layout.shape[0] * 2, layout.shape[1]])), config, capability,
+                  addresses),
+        "dtype": (layout._replace(dtype=torch.float16), config, capability, addresses),
+        "absmax dtype": (layout._replace(absmax=layout.absmax.float()), config, capability, addresses),
+        "offset dtype": (layout._replace(offset=layout.offset.double()), config, capability, addresses),
+        "blocksize": (layout._replace(blocksize=128), config, capability, addresses),
+        "blocksize2": (layout._replace(blocksize2=512), config, capability, addresses),
+        "GPU": (layout._replace(packed=OnAnotherGpu()), config, capability, addresses),
+        "an address off 16 bytes": (layout, config, capability, [addresses[0] + 4, *addresses[1:]]),
+    }
+    for name, arguments in changed.items():
+        assert kernel.kind_key(*arguments) != base, name
+    monkeypatch.setattr(kernel, "_dequantize_4bit_kernel", types.SimpleNamespace(fn=lambda: None))
+    assert kernel.kind_key(layout, config, capability, addresses) != base, "another kernel"
