@@ -88,10 +88,11 @@ def t4_line(results: dict) -> list[str]:
     if helpers.is_t4(results["environment"]) or not emulated or "unsloth_fused" not in emulated["ratios"]:
         return []
     low, high = emulated["ratio_range"]["unsloth_fused"]
+    floor = report.floor_arithmetic(helpers.procedure_bytes(), timing.T4_COPY_GBS, 2)
     return [f"- **On a T4: not measured here.** Emulated on this GPU, {emulated['ratios']['unsloth_fused']:.2f}x the "
-            f"fused path ({low:.2f}–{high:.2f}x over {emulated['rounds']} rounds): each call padded to a T4's GPU "
-            f"time for its bytes, which assumes {timing.EMULATION_ASSUMES}. A T4's own Run all replaces this line: "
-            "`python -m benchmarks.adopt results/tesla-t4.zip`."]
+            f"fused path ({low:.2f}–{high:.2f}x over {emulated['rounds']} rounds; a T4's floor, {floor}): each call "
+            f"padded to a T4's GPU time for its bytes, which assumes {timing.EMULATION_ASSUMES}. A T4's own Run all "
+            "replaces this line: `python -m benchmarks.adopt results/tesla-t4.zip`."]
 
 
 def bullets(results: dict) -> list[str]:
