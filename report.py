@@ -412,7 +412,7 @@ def saved_split(procedure: dict, baseline: str) -> dict | None:
 
 SPLIT_COLUMNS = ("**wall** = **issue** + **wait**; issue: from the call to its return (.t() included); wait: inside "
                  "torch.cuda.synchronize(); **GPU**: the call's kernel durations (CUPTI) in the same loop, which run "
-                 "during the issue and the wait: beside the sum, not part of it")
+                 "during the issue and the wait: shown apart, not part of the sum")
 
 
 def format_time_split(procedure: dict) -> str:
@@ -435,10 +435,10 @@ def format_time_split(procedure: dict) -> str:
     return "\n\n".join([
         wrap(f"One call of the procedure's loop, µs ({rounds}, on the procedure's layers built again): "
              f"{SPLIT_COLUMNS}."),
-        markdown_table(["weight", "method", "wall", "issue", "wait", "GPU, beside"], table, "llrrrr"),
+        markdown_table(["weight", "method", "wall", "issue", "wait", "GPU (apart)"], table, "llrrrr"),
         wrap("Saved per call against each baseline, µs, weighted by the cases' calls: wall saved = issue saved + wait "
-             "saved; GPU time saved beside."),
-        markdown_table(["against", "wall saved", "issue saved", "wait saved", "GPU saved, beside"], saved)])
+             "saved; GPU time saved apart."),
+        markdown_table(["against", "wall saved", "issue saved", "wait saved", "GPU saved (apart)"], saved)])
 
 
 # compile_report's checks (its keys, as in the result files) as a reader names them, in the order shown
@@ -663,7 +663,7 @@ def plot_time_split(procedure: dict, env: dict, path: Path | None = None):
         ax.barh(ys, issue, color="#f5b971", label="issue: the call to its return, .t() included (perf_counter)")
         ax.barh(ys, wait, left=issue, color="#9ecae1", label="wait: inside torch.cuda.synchronize() (perf_counter)")
         ax.scatter(gpu, ys, marker="D", s=40, color="black", zorder=3,
-                   label="GPU time: kernel durations (CUPTI) in the same loop, beside the sum")
+                   label="GPU time: kernel durations (CUPTI), apart from the sum")
         for y, wall in zip(ys, walls):
             ax.annotate(f"{wall:.1f} µs", (wall, y), xytext=(4, 0), textcoords="offset points", va="center",
                         fontsize=FONT_MIN)
@@ -695,7 +695,7 @@ def cells_note(env: dict, cells_sha256: str) -> str:
     stamp = env.get("paste_unit_sha256")
     if stamp == cells_sha256:
         return ""
-    return (f" Measured by other kernel cells than these (paste unit sha256 {str(stamp)[:12]}, these "
+    return (f" Measured by other kernel cells than this notebook's (sha256 {str(stamp)[:12]}, this notebook's "
             f"{cells_sha256[:12]}).")
 
 

@@ -496,7 +496,7 @@ def test_formatted_tables_show_every_method_and_fit():
     assert f"| ours | {result['ours']['median_s']:.4f} |" in texts["procedure"]
     assert "in 5 round(s)" in " ".join(texts["procedure"].split())
     assert texts["split"].count("| unsloth classic |") == 3  # two cases, one saving
-    assert "| against | wall saved | issue saved | wait saved | GPU saved, beside |" in texts["split"]
+    assert "| against | wall saved | issue saved | wait saved | GPU saved (apart) |" in texts["split"]
     assert report.format_time_split({"ours": {"median_s": 1.0}}) == ""
 
 
@@ -515,7 +515,7 @@ def _table_rows(text, header):
 def test_time_split_table_adds_up_and_shows_gpu_time_beside():
     result = procedure()
     text = report.format_time_split(result)
-    split = _table_rows(text, "| weight | method | wall | issue | wait | GPU, beside |")
+    split = _table_rows(text, "| weight | method | wall | issue | wait | GPU (apart) |")
     rows = report.split_rows(result)
     assert len(split) == len(rows) == 2 * len(METHODS)
     assert any(r["gpu_us"] > r["wait_us"] for r in rows)  # the data has GPU time past the wait: not in the sum
@@ -524,7 +524,7 @@ def test_time_split_table_adds_up_and_shows_gpu_time_beside():
         wall, issue, wait, gpu = map(float, cells[2:])
         assert wall == pytest.approx(issue + wait, abs=0.11)
         assert gpu == pytest.approx(row["gpu_us"], abs=0.05)
-    saved = _table_rows(text, "| against | wall saved | issue saved | wait saved | GPU saved, beside |")
+    saved = _table_rows(text, "| against | wall saved | issue saved | wait saved | GPU saved (apart) |")
     assert [cells[0] for cells in saved] == [helpers.METHODS[m].column for m in METHODS[1:]]
     for name, cells in zip(METHODS[1:], saved):
         split_saved = report.saved_split(result, name)
@@ -536,7 +536,7 @@ def test_time_split_table_adds_up_and_shows_gpu_time_beside():
         differences = [b["issue_us"] - o["issue_us"] for o, b in zip(ours, base)]
         assert split_saved["issue_us"] == pytest.approx(sum(differences) / 2)
     flat = " ".join(text.split())
-    assert "wall = issue + wait" in flat.replace("*", "") and "beside the sum, not part of it" in flat
+    assert "wall = issue + wait" in flat.replace("*", "") and "shown apart, not part of the sum" in flat
     assert "the mean over the 150 calls of the median round by wall, of 5 rounds" in flat
     assert max(map(len, text.splitlines())) <= helpers.MAX_LINE
 

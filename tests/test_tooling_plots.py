@@ -174,7 +174,7 @@ def test_time_split_stacks_issue_and_wait_and_marks_gpu_time_beside(tmp_path):
     fig = report.plot_time_split(result, ENV, tmp_path / "t.png")
     assert VERSIONS in fig.get_suptitle()
     labels = [label for ax in fig.axes for label in _labels(ax)]
-    assert any("CUPTI" in label and "beside the sum" in label for label in labels)
+    assert any("CUPTI" in label and "apart from the sum" in label for label in labels)
     rows = report.split_rows(result)
     assert any(r["gpu_us"] > r["wait_us"] for r in rows)  # GPU time past the wait: it is no part of the stack
     for ax, case in zip(fig.axes, ("case 0", "case 1")):
