@@ -66,6 +66,12 @@ BROKEN_STATES = {
                                    r"W has 8192 bytes; \(32, 256\) weights pack into 4096"),
     "state2 dtype": (lambda qs: setattr(qs.state2, "dtype", torch.float16), ValueError,
                      "state2 needs a power-of-two blocksize and dtype float32, not 256 and torch.float16"),
+    "state2 code count": (lambda qs: setattr(qs.state2, "code", qs.state2.code[:255]), ValueError,
+                          r"quant_state\.state2\.code holds 255 values, not 256"),
+    "offset not a tensor": (lambda qs: setattr(qs, "offset", 0.5), TypeError,
+                            r"quant_state\.offset must be a tensor, got float"),
+    "offset of two values": (lambda qs: setattr(qs, "offset", torch.zeros(2, device=qs.absmax.device)), TypeError,
+                             r"quant_state\.offset must be a floating-point tensor of one value"),
     "absmax not contiguous": (lambda qs: setattr(qs, "absmax", qs.absmax.repeat(2)[::2]), ValueError,
                               r"quant_state\.absmax is not contiguous"),
     "absmax not a tensor": (lambda qs: setattr(qs, "absmax", qs.absmax.tolist()), TypeError,
@@ -100,6 +106,17 @@ def test_the_codebook_decoded_is_bitsandbytes_table_not_quant_state_code(kernel,
     assert torch.equal(ours, bnbf.dequantize_4bit(layer.weight, qs))
     plain = kernel.dequantize_nf4(layer.weight, _state(layer))
     assert torch.equal(ours, plain) == (case == "another codebook")  # fp4's table is another
+
+
+def test_a_plain_absmax_of_the_wrong_size(kernel):
+    # compress_statistics=False: an fp32 absmax, no state2; its count is checked as the nested one's is
+    import bitsandbytes.functional as bnbf
+    torch.manual_seed(0)
+    W, qs = bnbf.quantize_4bit(torch.randn(64, 256, device=DEVICE), blocksize=64, quant_type="nf4",
+                               compress_statistics=False)
+    qs.absmax = qs.absmax[:-1]
+    with pytest.raises(ValueError, match=r"quant_state\.absmax holds 255 values, not 256"):
+        kernel.dequantize_nf4(W, qs)
 
 
 def test_a_weight_that_is_not_a_tensor(kernel, layer):

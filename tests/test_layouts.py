@@ -5,6 +5,7 @@ import pytest
 import torch
 import bitsandbytes.functional as bnbf
 
+import helpers
 from conftest import DEVICE, GPU
 from reference import references
 
@@ -57,3 +58,23 @@ def test_every_blocksize(kernel, blocksize, nested):
     qs.dtype = torch.bfloat16
     out = kernel.dequantize_nf4(W, qs)
     assert all(torch.equal(out, ref) for ref in references(W, qs).values())
+
+
+def test_the_launch_takes_int64_offsets_from_2_31_weights_and_no_fma_without_ptx(kernel):
+    # two exactness rules of launch_arguments, read without a launch (a meta output holds no data): offsets are
+    # int64 where the last tile reaches 2**31 weights, and without inline PTX (the interpreter, a config
+    # without it) Triton may not contract the scale's product and sum into an FMA
+    layer = helpers.make_layer(64, 256, torch.bfloat16, device=DEVICE)
+    layout = kernel.validate(layer.weight, layer.weight.quant_state).layout
+    config = kernel.DEFAULT_CONFIG
+    tile = config.weights_per_program
+    for n, wide in ((2**31 - tile, True), (2**31 - 2 * tile, False)):
+        out = torch.empty(n, dtype=torch.bfloat16, device="meta")
+        constexprs = kernel.launch_arguments(layout, out, config, (9, 0))[2]
+        assert constexprs["WIDE"] is wide, n
+    out = torch.empty(layout.shape, dtype=layout.dtype, device="meta")
+    for chosen, capability in ((config, (9, 0)), (config._replace(ptx=False), (9, 0)), (config, None)):
+        _, _, constexprs, options = kernel.launch_arguments(layout, out, chosen, capability)
+        ptx = chosen.ptx and capability is not None
+        assert constexprs["PTX"] is ptx
+        assert options.get("enable_fp_fusion", True) is ptx, (chosen, capability)
