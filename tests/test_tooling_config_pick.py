@@ -53,7 +53,8 @@ def test_config_measured_on_names_the_folders_of_the_paste_units_comment(kernel)
     ("NVIDIA H100 80GB HBM3", (9, 0), True),
     ("NVIDIA H200", (9, 0), True),
     ("NVIDIA H100 PCIe", (9, 0), False),  # another model of the same capability
-    ("Tesla T4", (7, 5), False),          # its entry: sm_75 builds timed on Hopper
+    ("Quadro RTX 6000", (7, 5), False),   # its entry: sm_75 builds timed on Hopper (a T4's pick, once adopted,
+                                          # adds the T4 to CONFIG_MEASURED_ON, never another Turing card)
     ("NVIDIA A100-SXM4-40GB", (8, 0), False),  # DEFAULT_CONFIG
     ("NVIDIA L4", (8, 9), False),
 ])
@@ -100,7 +101,7 @@ def _fake_gpu(monkeypatch, gpu_name, capability, totals=None, exact=None):
 
 
 def test_the_fastest_exact_candidate_wins_and_an_inexact_one_is_out(kernel, monkeypatch):
-    measured = _fake_gpu(monkeypatch, "Tesla T4", T4, totals=[100, 80, 90, 95, 100, 120],
+    measured = _fake_gpu(monkeypatch, "Quadro RTX 6000", T4, totals=[100, 80, 90, 95, 100, 120],
                          exact=[True, False, True, True, True, True])
     cells = dict(vars(kernel))
     pick = timing.pick_launch_config(cells, True)
@@ -109,7 +110,7 @@ def test_the_fastest_exact_candidate_wins_and_an_inexact_one_is_out(kernel, monk
     assert pick["picked"] and pick["winner"] == list(candidates[2]) and pick["replaced"] == list(candidates[0])
     assert cells["CONFIG_OVERRIDE"] == candidates[2]
     assert pick["entry_slower"] == pytest.approx(100 / 90 - 1)
-    assert set(pick) == PICK_KEYS and pick["gpu"] == "Tesla T4" and pick["capability"] == [7, 5]
+    assert set(pick) == PICK_KEYS and pick["gpu"] == "Quadro RTX 6000" and pick["capability"] == [7, 5]
     assert pick["table_entry"] == "LAUNCH_CONFIGS[(7, 5)]"
     json.dumps(pick)  # notebook.json holds it
 
@@ -123,7 +124,7 @@ def test_a_tie_goes_to_the_table_entry(kernel, monkeypatch):
 
 
 def test_no_exact_candidate_is_an_error(kernel, monkeypatch):
-    _fake_gpu(monkeypatch, "Tesla T4", T4, totals=[1] * 6, exact=[False] * 6)
+    _fake_gpu(monkeypatch, "Quadro RTX 6000", T4, totals=[1] * 6, exact=[False] * 6)
     cells = dict(vars(kernel))
     with pytest.raises(RuntimeError, match="no candidate"):
         timing.pick_launch_config(cells, True)
@@ -141,7 +142,7 @@ def test_the_winner_rule_alone():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter runs CPU tensors; a GPU: the marked tests")
 def test_the_interpreters_launches_take_the_winner(kernel, monkeypatch):
     monkeypatch.setattr(kernel, "CONFIG_OVERRIDE", None)  # restored after the test
-    _fake_gpu(monkeypatch, "Tesla T4", T4, totals=[100, 90, 95, 99, 100, 120])
+    _fake_gpu(monkeypatch, "Quadro RTX 6000", T4, totals=[100, 90, 95, 99, 100, 120])
     pick = timing.pick_launch_config(vars(kernel), True)
     winner = kernel.LaunchConfig(*pick["winner"])
     assert winner != kernel.LAUNCH_CONFIGS[T4]
