@@ -81,3 +81,18 @@ def test_bf16_rounds_to_nearest_even(kernel):
     truncated = (exact.view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
     assert not torch.equal(ours, truncated), "bf16 output looks truncated, not rounded"
     assert torch.equal(ours, exact.to(torch.bfloat16))
+
+
+def test_bf16_ties_round_to_even(kernel):
+    # products exactly halfway between two bf16 values (code 1.0 times an fp32 absmax with its low 16 bits
+    # 0x8000): bitsandbytes rounds to the even one, down for 1 + 2**-8, up for 1 + 3 * 2**-8
+    import bitsandbytes.functional as bnbf
+    torch.manual_seed(0)
+    W, qs = bnbf.quantize_4bit(torch.randn(4, 64, device=DEVICE), blocksize=64, quant_type="nf4",
+                               compress_statistics=False)
+    qs.dtype = torch.bfloat16
+    W.fill_(0xFF)  # every nibble 15: NF4's code 1.0
+    qs.absmax = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 1.0], device=DEVICE)
+    ours = kernel.dequantize_nf4(W, qs)
+    assert torch.equal(ours.view(torch.int16), bnbf.dequantize_4bit(W, qs).view(torch.int16))
+    assert ours[:, 0].tolist() == [1.0, 1 + 2**-6, -1.0, 1.0]
