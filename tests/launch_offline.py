@@ -26,7 +26,7 @@ import torch  # noqa: E402
 import bitsandbytes.functional as bnbf  # noqa: E402
 
 from benchmarks.cells import NOTEBOOK, PASTE_UNIT, load_kernel_cells  # noqa: E402
-from reference import bits, distinct_equal  # noqa: E402
+from reference import bits, changed_value  # noqa: E402
 
 CAPABILITY = (7, 5)
 
@@ -152,26 +152,6 @@ def case(kernel, nested, dtype):
     return result
 
 
-def _changed(value):
-    """Another value of a field's kind: another tensor (equal, at another address), another dtype, int or
-    string; None for None (a plain layout's offset and state2)."""
-    if isinstance(value, torch.dtype):
-        return torch.float64 if value != torch.float64 else torch.float32
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int):
-        return value * 2
-    if isinstance(value, str):
-        return value + "x"
-    if isinstance(value, torch.Size):
-        return torch.Size([*value[:-1], value[-1] * 2])
-    if type(value).__name__ == "QuantState":  # state2: a copy whose absmax is another tensor
-        other = copy.copy(value)
-        other.absmax = value.absmax.clone()
-        return other
-    return distinct_equal(value)  # a tensor: a clone, equal, at another address
-
-
 def unseen_changes(kernel, plan, W, q):
     """Each field of QUANT_STATE_FIELDS (and STATE2_FIELDS, nested) changed in turn: the names whose change
     the plan did not see (it must step aside for each: the fields decide the launch)."""
@@ -179,7 +159,7 @@ def unseen_changes(kernel, plan, W, q):
     for owner, name in [(q, n) for n in kernel.QUANT_STATE_FIELDS] + [
             (q.state2, n) for n in kernel.STATE2_FIELDS if q.state2 is not None]:
         value = getattr(owner, name)
-        other = _changed(value)
+        other = changed_value(value)
         if other is None:
             continue
         setattr(owner, name, other)

@@ -45,17 +45,22 @@ def assert_same_bits(out, ref, what=""):
     assert differ == 0, f"{what}: {differ} of {ref.numel()} values differ"
 
 
-def distinct_equal(value):
-    """An equal value that is another object, where one exists: None for dtypes, small ints and None
-    (singletons). What a QuantState field replaced by an equal value looks like to the launch path."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, torch.Size):
-        return torch.Size(list(value))
-    if isinstance(value, int) and not -5 <= value <= 256:
-        return int(str(value))
-    if type(value).__name__ == "QuantState":
-        return copy.copy(value)
+def changed_value(value):
+    """Another value of a QuantState field's kind, what a plan must see: another output or state2 dtype, blocksize,
+    quant type or shape; a state2 whose absmax is another tensor; a tensor with equal values at another address.
+    None for None (a plain layout's offset and state2) and bools."""
+    if isinstance(value, torch.dtype):
+        return torch.float32 if value != torch.float32 else torch.float16
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value * 2
     if isinstance(value, str):
-        return "".join(list(value))
-    return None
+        return {"nf4": "fp4", "fp4": "nf4"}[value]
+    if isinstance(value, torch.Size):
+        return torch.Size([value[0] * 2, *value[1:]])
+    if type(value).__name__ == "QuantState":
+        other = copy.copy(value)
+        other.absmax = value.absmax.clone()
+        return other
+    return value.clone()

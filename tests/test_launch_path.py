@@ -20,7 +20,7 @@ import bitsandbytes.functional as bnbf
 
 import helpers
 from conftest import DEVICE
-from reference import assert_same_bits, references
+from reference import assert_same_bits, changed_value, references
 
 
 def _layer(shape=(96, 320), dtype=torch.bfloat16, seed=0):
@@ -240,25 +240,6 @@ def test_both_views_of_a_weight_take_the_fast_launch(kernel, learned_from):
         through_triton.shape, through_triton.stride(), through_triton.dtype, through_triton.device)
 
 
-def _changed(value):
-    """Another value of a field's kind, or None where there is none to try (a plain layout's None)."""
-    if isinstance(value, torch.dtype):
-        return torch.float32 if value != torch.float32 else torch.float16
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int):
-        return value * 2
-    if isinstance(value, str):
-        return {"nf4": "fp4", "fp4": "nf4"}[value]
-    if isinstance(value, torch.Size):
-        return torch.Size([value[0] * 2, *value[1:]])
-    if type(value).__name__ == "QuantState":
-        other = copy.copy(value)
-        other.absmax = value.absmax.clone()
-        return other
-    return value.clone()  # equal values at another address
-
-
 @pytest.mark.gpu
 def test_every_field_is_checked_on_every_call(kernel):
     # a plan checks every field of QUANT_STATE_FIELDS / STATE2_FIELDS on every call (tensors by address, the
@@ -273,7 +254,7 @@ def test_every_field_is_checked_on_every_call(kernel):
         kernel.triton_dequantize_nf4(layer)
         assert _fast(kernel, W, qs) is not None
         owner = qs if owner_name is None else getattr(qs, owner_name)
-        replacement = _changed(getattr(owner, name))
+        replacement = changed_value(getattr(owner, name))
         if replacement is None:
             continue
         setattr(owner, name, replacement)
@@ -310,6 +291,15 @@ def test_a_tensor_swapped_in_place_after_a_call(kernel, field):
         _assert_bnb(out, W, qs)
 
 
+def _in_a_fresh_process(tmp_path, template):
+    """template (a script, {root} and {tests} to fill) run in a process of its own; what it printed is shown."""
+    script = tmp_path / "script.py"
+    script.write_text(template.format(root=str(helpers.ROOT), tests=str(helpers.ROOT / "tests")))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    print(result.stdout[-2000:], result.stderr[-2000:])
+    return result
+
+
 CAPTURED = """
 import sys, torch, json
 sys.path[:0] = [{root!r}, {tests!r}]
@@ -341,10 +331,7 @@ print(json.dumps(results))
 def test_calls_captured_in_a_cuda_graph_replay_bitsandbytes_bits(tmp_path):
     # in a fresh process (no table, no kind known): a new kind's first call inside capture, then a weight
     # called once before capture; each graph replayed into an output filled with NaN first
-    script = tmp_path / "captured.py"
-    script.write_text(CAPTURED.format(root=str(helpers.ROOT), tests=str(helpers.ROOT / "tests")))
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
-    print(result.stdout[-2000:], result.stderr[-2000:])
+    result = _in_a_fresh_process(tmp_path, CAPTURED)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     for name in ("new kind, first call", "warm weight"):
@@ -559,10 +546,7 @@ except Exception as error:
 @pytest.mark.gpu
 def test_a_sticky_cuda_error_reaches_the_caller(tmp_path):
     # once the GPU has failed, a replay raises and so does Triton's launch: the caller sees the error
-    script = tmp_path / "sticky.py"
-    script.write_text(STICKY_ERROR.format(root=str(helpers.ROOT), tests=str(helpers.ROOT / "tests")))
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
-    print(result.stdout[-2000:], result.stderr[-2000:])
+    result = _in_a_fresh_process(tmp_path, STICKY_ERROR)
     assert "STICKY" in result.stdout and "NOT STICKY" not in result.stdout, result.stdout + result.stderr[-3000:]
     assert "RAISED" in result.stdout, result.stdout + result.stderr[-3000:]
 
