@@ -43,6 +43,22 @@ def ptxas_report(ptx, capability):
     return result.stderr + result.stdout + f"\nexit {result.returncode}"
 
 
+def exactness_builds(kernel):
+    """Two rules only a build shows: without inline PTX (a config with ptx False) no FMA contracts the scale's
+    product and sum; with WIDE the program's offsets are widened to int64 (TTIR's sign extensions counted)."""
+    plain = build(kernel, 90, torch.bfloat16, kernel.DEFAULT_CONFIG._replace(ptx=False)).asm["ptx"]
+    W, qs = bnbf.quantize_4bit(torch.randn(256, 256), blocksize=64, quant_type="nf4", compress_statistics=True)
+    qs.dtype = torch.bfloat16
+    layout = kernel.validate(W, qs).layout
+    out = torch.empty(layout.shape, dtype=torch.bfloat16)
+    grid, args, constexprs, options = kernel.launch_arguments(layout, out, kernel.DEFAULT_CONFIG, (9, 0))
+    extensions = {}
+    for wide in (True, False):
+        compiled = kernel._dequantize_4bit_kernel[grid](*args, **dict(constexprs, WIDE=wide), **options)
+        extensions[str(wide)] = compiled.asm["ttir"].count("arith.extsi")
+    return {"fma_without_ptx": plain.count("fma.rn.f32"), "int64_extensions": extensions}
+
+
 def configs_for(kernel, capability):
     if divmod(capability, 10) == kernel.MIN_CAPABILITY:
         return [kernel.DEFAULT_CONFIG]
@@ -69,7 +85,8 @@ def main():
                     "native_bf16_cvt": bool(re.search(r"cvt\.\S*bf16", ptx)),
                 })
     minimum = kernel.MIN_CAPABILITY[0] * 10 + kernel.MIN_CAPABILITY[1]
-    print(json.dumps({"triton": offline_gpu.triton.__version__, "min_capability": minimum, "builds": report}))
+    print(json.dumps({"triton": offline_gpu.triton.__version__, "min_capability": minimum, "builds": report,
+                      "exactness": exactness_builds(kernel)}))
 
 
 if __name__ == "__main__":

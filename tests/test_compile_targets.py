@@ -69,3 +69,11 @@ def test_stream_hints_where_configured(builds):
         evict_first = any("evict_first" in s for s in b["stores"] + b["loads"])
         assert evict_first == bool(b["config"][3]), (b["capability"], b["config"])
         assert any("evict_last" in s for s in b["loads"]), "tables must be evict_last"
+
+
+def test_no_fma_without_inline_ptx_and_int64_offsets_with_wide(report):
+    # the scale is exact only with two roundings: built without inline PTX, no fma.rn.f32 may appear; and past
+    # 2**31 weights (WIDE) the program id must be widened to int64 before it multiplies into offsets
+    builds = report["exactness"]
+    assert builds["fma_without_ptx"] == 0, builds
+    assert builds["int64_extensions"]["True"] > builds["int64_extensions"]["False"], builds

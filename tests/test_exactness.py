@@ -96,3 +96,20 @@ def test_bf16_ties_round_to_even(kernel):
     ours = kernel.dequantize_nf4(W, qs)
     assert torch.equal(ours.view(torch.int16), bnbf.dequantize_4bit(W, qs).view(torch.int16))
     assert ours[:, 0].tolist() == [1.0, 1 + 2**-6, -1.0, 1.0]
+
+
+def test_a_nan_scale_gives_the_nan_bitsandbytes_cuda_kernel_writes(kernel):
+    # bitsandbytes' CUDA kernel writes bf16 NaN as 0x7FFF; its CPU path as 0x7FC0 (torch's cast). Interpreted, the
+    # kernel's own rounding (_to_bf16_rne) runs and must write 0x7FFF; on a GPU, bitsandbytes' own bits
+    import bitsandbytes.functional as bnbf
+    torch.manual_seed(0)
+    W, qs = bnbf.quantize_4bit(torch.randn(2, 64, device=DEVICE), blocksize=64, quant_type="nf4",
+                               compress_statistics=False)
+    qs.dtype = torch.bfloat16
+    W.fill_(0xFF)
+    qs.absmax = torch.tensor([float("nan"), 1.0], device=DEVICE)
+    ours = kernel.dequantize_nf4(W, qs).view(torch.int16)
+    if DEVICE == "cuda":
+        assert torch.equal(ours, bnbf.dequantize_4bit(W, qs).view(torch.int16))
+    else:
+        assert (ours[0] == 0x7FFF).all() and (ours[1] == 0x3F80).all()  # NaN; 1.0
