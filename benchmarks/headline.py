@@ -48,7 +48,7 @@ def speedup_line(results: dict) -> str:
     measured), and that the kernel is bit-exact."""
     env, procedure = results["environment"], results["procedure"]
     gpu = "a **Tesla T4**" if helpers.is_t4(env) else f"an **{env['gpu']}**"
-    baseline = "unsloth_fused" if "unsloth_fused" in procedure else next(name for name in procedure if name != "ours")
+    baseline = next(name for name in helpers.BASELINES if name in procedure)  # the fused path first
     ratios = helpers.round_ratios(procedure, baseline)
     rounds = len(procedure["ours"]["runs_s"])
     return (f"Measured on {gpu}: **{ratios['median']:.2f}x faster** than {helpers.METHODS[baseline].name} in the "

@@ -108,6 +108,19 @@ def test_the_block_opens_with_the_speedup_then_the_t4_then_the_run_and_tabulates
     assert all(line in text for line in summary.splitlines())
 
 
+def test_without_unsloth_the_speedup_is_over_bitsandbytes_never_ours_through_triton(tmp_path):
+    source = _results_dir(tmp_path)
+    path = Path(source) / "notebook.json"
+    results = json.loads(path.read_text())
+    procedure = results["procedure"]
+    through_triton = {**procedure["ours"], "runs_s": [2.5 * s for s in procedure["ours"]["runs_s"]]}
+    results["procedure"] = {"ours": procedure["ours"], "ours_via_triton": through_triton, "bnb": procedure["bnb"]}
+    path.write_text(json.dumps(results))
+    bnb = helpers.round_ratios(results["procedure"], "bnb")
+    first = headline.block(source, "notebook").splitlines()[0]
+    assert f"**{bnb['median']:.2f}x faster** than {helpers.METHODS['bnb'].name}" in first, first
+
+
 def test_a_t4_folder_reads_measured_on_a_tesla_t4_with_no_estimate(tmp_path):
     source = _results_dir(tmp_path, dict(ENV, gpu="Tesla T4", capability="7.5"))
     text = headline.block(source, "readme")
