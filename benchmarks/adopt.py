@@ -55,14 +55,11 @@ def with_run_outputs(ours: dict, executed: dict) -> dict:
 
 
 def launch_config_lines(results: dict, source: str) -> list[str]:
-    """Where the run picked its launch configuration on its GPU (notebook.json's dict under a key naming
-    launch_config, timing.pick_launch_config's: picked, gpu, capability, winner), the lines that make it the table's
-    entry: the kernel cell's LAUNCH_CONFIGS line, its comment naming `source`, and timing.CONFIG_MEASURED_ON's
+    """Where the run picked its launch configuration on its GPU (notebook.json's launch_config_pick,
+    timing.pick_launch_config's: picked, gpu, capability, winner), the lines that make it the table's entry: the
+    kernel cell's LAUNCH_CONFIGS line, its comment naming `source`, and timing.CONFIG_MEASURED_ON's
     (tests/test_tooling_config_pick.py holds the two together); else none."""
-    record = None
-    for key, value in results.items():
-        if "launch_config" in key and isinstance(value, dict):  # (launch_configs, a list, is the entry that ran)
-            record = value
+    record = results.get("launch_config_pick")
     if record is None or not record.get("picked"):
         return []
     fields = list(record["winner"])
