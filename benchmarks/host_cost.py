@@ -1,15 +1,14 @@
-"""Host time per call of the launch path (`timing.HOST_TIME_METHOD`), these cells beside an older
-notebook's and beside what the path cannot go below, in interleaved rounds on the procedure's first
+"""Host time per call of the launch path (`timing.HOST_TIME_METHOD`), these cells against an older
+notebook's and against what the path cannot go below, in interleaved rounds on the procedure's first
 weight: results/<gpu>/host_cost.json.
 
     python -m benchmarks.host_cost OLD.ipynb
 
 Timed: triton_dequantize_nf4 from these cells and from OLD's; the floor (HOST_COST_FLOOR); the C launch
-alone (C_LAUNCH); a plan's direct launch through the compiled launcher's Python entry (DIRECT); a new
-weight's first call (FIRST_CALL), these cells' and OLD's; a call through Triton's own launch; unsloth's
-fused path. Many short rounds: the GPU
-machines' hosts switch between a fast and a slow mode within seconds, and a long round can catch one
-method in the other mode.
+alone (C_LAUNCH); a plan's launch alone (DIRECT) and the same launch through compiled.run (COMPILED_RUN);
+a new weight's first call (FIRST_CALL), these cells' and OLD's; a call through Triton's own launch;
+unsloth's fused path. Many short rounds: the GPU machines' hosts switch between a fast and a slow mode
+within seconds, and a long round can catch one method in the other mode.
 """
 from __future__ import annotations
 
@@ -24,41 +23,53 @@ import helpers
 import timing
 from benchmarks.cells import load_kernel_cells
 
-HOST_COST_FLOOR = ("torch.empty of the output plus Triton's C launch function called with the values the compiled "
-                   "launcher passes it for this weight, nothing checked (recorded once from a plan's launch)")
-C_LAUNCH = "the same C launch, allocating with torch.empty_strided as a plan does (what a recorded replay costs)"
-DIRECT = ("a plan's own launch alone: the compiled launcher's Python entry (compiled.run), as unsloth's "
-          "triton_launch.py calls it, allocating with torch.empty_strided, nothing checked")
+HOST_COST_FLOOR = ("torch.empty of the output plus the C launch function Triton's compiled launcher (compiled.run) "
+                   "calls, called with the values compiled.run passes it for this weight (recorded by a copy of "
+                   "compiled.run), nothing checked")
+C_LAUNCH = "the same C launch, allocating with torch.empty_strided as a plan does"
+DIRECT = ("a plan's own launch alone (plan.launch: the current stream read, the C launch function called), "
+          "allocating with torch.empty_strided, nothing checked")
+COMPILED_RUN = ("the same launch through the compiled launcher's Python entry (compiled.run), as unsloth's "
+                "triton_launch.py calls it and the launch path of the notebook before this one did, allocating "
+                "with torch.empty_strided, nothing checked")
 FIRST_CALL = ("a new weight's first call: a QuantState the launch path has not seen, with its own absmax and codebook "
               "tensors (bitsandbytes makes them per weight), its kind's compiled kernel known (from an earlier weight "
               "of its kind): validation, the weight's plan made and kept, its launch")
 
 
+def kernel_arguments(plan, out):
+    """The kernel's arguments for a launch of plan's weight into out, as compiled.run takes them."""
+    return (*plan.inputs, out.data_ptr(), *plan.kind.after_output)
+
+
 def recorded_c_launch(plan, out):
-    """The C launch function the plan's launcher calls, the values it passes for `out`, and where out's address
-    sits among them: (position, None), or (position, place) inside the tuple there (Triton 3.7+)."""
-    launcher = plan.kind.launcher
-    c_launch, calls = launcher.launch, []
-    launcher.launch = lambda *values: calls.append(values)  # records, launches nothing
-    try:
-        plan.launch(out)
-    finally:
-        launcher.launch = c_launch
+    """The C launch function compiled.run calls and the values it passes it for a launch into out, recorded by
+    a copy of compiled.run (compiled.run itself untouched), and where out's address sits among them:
+    (position, None), or (position, place) inside the tuple there (Triton 3.7+)."""
+    kind, calls = plan.kind, []
+    launcher = kind.compiled.run
+    probe = copy.copy(launcher)
+    probe.launch = lambda *values: calls.append(values)  # records, launches nothing
+    stream = torch.cuda.current_stream(plan.device).cuda_stream
+    probe(*kind.grid, stream, kind.compiled.function, kind.compiled.packed_metadata, None, None, None,
+          *kernel_arguments(plan, out))
     values, address = list(calls[0]), out.data_ptr()
     for position, value in enumerate(values):
         if value == address:
-            return c_launch, values, (position, None)
+            return launcher.launch, values, (position, None)
         if isinstance(value, tuple) and address in value:
-            return c_launch, values, (position, value.index(address))
+            return launcher.launch, values, (position, value.index(address))
     raise RuntimeError("the output's address is not among the C launch's values")
 
 
 def unchecked_calls(plan, W, q) -> dict:
-    """The floor (HOST_COST_FLOOR), the C launch alone (C_LAUNCH) and a plan's direct launch alone (DIRECT),
-    built from W's plan with its checks left out."""
+    """The floor (HOST_COST_FLOOR), the C launch alone (C_LAUNCH), a plan's launch alone (DIRECT) and the same
+    launch through compiled.run (COMPILED_RUN), built from W's plan with its checks left out."""
     out = plan(W, q)
     size, stride, dtype, device = plan.size, plan.stride, plan.dtype, plan.device
     c_launch, values, (position, place) = recorded_c_launch(plan, out)
+    kind = plan.kind
+    compiled = kind.compiled
 
     def c_launch_into(new):
         arguments = list(values)
@@ -82,7 +93,14 @@ def unchecked_calls(plan, W, q) -> dict:
         plan.launch(new)
         return new
 
-    return {"floor": floor, "c_launch": c_launch_only, "direct": direct}
+    def compiled_run():
+        new = torch.empty_strided(size, stride, dtype=dtype, device=device)
+        stream = torch._C._cuda_getCurrentRawStream(plan.gpu)
+        compiled.run(*kind.grid, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                     *kernel_arguments(plan, new))
+        return new
+
+    return {"floor": floor, "c_launch": c_launch_only, "direct": direct, "compiled_run": compiled_run}
 
 
 def host_cost(new, old, rounds: int = 45, calls: int = 200) -> dict:
@@ -114,10 +132,12 @@ def host_cost(new, old, rounds: int = 45, calls: int = 200) -> dict:
     medians = {name: sorted(values)[rounds // 2] for name, values in samples.items()}
     fused = medians.get("unsloth_fused")
     return {"layer": str(helpers.KERNEL_SHAPES[0]), "method": timing.HOST_TIME_METHOD, "floor": HOST_COST_FLOOR,
-            "c_launch": C_LAUNCH, "direct": DIRECT, "first_call": FIRST_CALL, "calls_per_round": calls,
+            "c_launch": C_LAUNCH, "direct": DIRECT, "compiled_run": COMPILED_RUN, "first_call": FIRST_CALL,
+            "calls_per_round": calls,
             "rounds_us": samples, "median_us": medians, "new_over_floor": medians["new"] / medians["floor"],
             "old_over_floor": medians["old"] / medians["floor"], "new_over_old": medians["new"] / medians["old"],
             "direct_over_c_launch": medians["direct"] / medians["c_launch"],
+            "compiled_run_over_direct": medians["compiled_run"] / medians["direct"],
             "first_call_over_fused": medians["first_call"] / fused if fused else None,
             "old_first_call_over_fused": medians["old_first_call"] / fused if fused else None,
             "via_triton_over_fused": medians["via_triton"] / fused if fused else None,
@@ -138,7 +158,8 @@ def main(argv=None):
     table["old_notebook"] = args.old_notebook.name
     print({name: round(us, 2) for name, us in table["median_us"].items()})
     print(f"new/floor {table['new_over_floor']:.3f}, old/floor {table['old_over_floor']:.3f}, new/old "
-          f"{table['new_over_old']:.3f}, direct/C launch {table['direct_over_c_launch']:.3f}, first call/fused "
+          f"{table['new_over_old']:.3f}, direct/C launch {table['direct_over_c_launch']:.3f}, compiled.run/direct "
+          f"{table['compiled_run_over_direct']:.3f}, first call/fused "
           f"{table['first_call_over_fused'] or float('nan'):.3f}, old first call/fused "
           f"{table['old_first_call_over_fused'] or float('nan'):.3f}")
     path = helpers.results_dir(env) / "host_cost.json"

@@ -493,29 +493,92 @@ def test_bitsandbytes_list_format_is_refused_naming_it(kernel, state2):
 
 
 @pytest.mark.gpu  # (the interpreter makes no plans)
-def test_a_direct_launch_that_raises_gives_way_to_tritons_launch_for_its_kind(kernel):
-    # as a Triton whose launcher takes other arguments would: that call and the kind's later calls are
-    # Triton's, bit for bit, one warning names the error; another kind replays on
-    broken, same_kind, other_kind = _layer((80, 320), seed=43), _layer((80, 320), seed=44), _layer((72, 320), seed=45)
-    for layer in (broken, same_kind, other_kind):
-        for _ in range(2):
-            kernel.triton_dequantize_nf4(layer)
-        assert _fast(kernel, layer.weight, layer.weight.quant_state) is not None
+def test_a_kind_launches_by_its_launchers_c_function_and_its_errors_reach_the_caller(kernel):
+    # on this GPU's Triton a kind launches by the C function compiled.run calls; an error that function
+    # raises reaches the caller, nothing warned or given up, and the next call launches directly again
+    layer = _layer((80, 320), seed=43)
+    for _ in range(2):
+        kernel.triton_dequantize_nf4(layer)
+    plan = kernel._plans[kernel._identity(layer.weight.quant_state)]
+    assert plan.kind.launch is plan.kind.compiled.run.launch
+    kind = plan.kind
 
-    def stale_launch(*arguments):
-        raise TypeError("function takes exactly 18 arguments (17 given)")
+    def failing_launch(*values):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    plan = kernel._plans[kernel._identity(broken.weight.quant_state)]
-    plan.kind = plan.kind._replace(launcher=stale_launch)
-    with pytest.warns(RuntimeWarning, match="a direct launch raised TypeError: function takes exactly 18"):
-        _assert_bnb(kernel.triton_dequantize_nf4(broken), broken.weight, broken.weight.quant_state)
+    plan.kind = kind._replace(launch=failing_launch)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no second warning
-        for layer in (broken, same_kind, other_kind):
-            _assert_bnb(kernel.triton_dequantize_nf4(layer), layer.weight, layer.weight.quant_state)
-    assert _fast(kernel, broken.weight, broken.weight.quant_state) is None
-    assert _fast(kernel, same_kind.weight, same_kind.weight.quant_state) is None
-    assert _fast(kernel, other_kind.weight, other_kind.weight.quant_state) is not None
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeError, match="an illegal memory access"):
+            kernel.triton_dequantize_nf4(layer)
+    plan.kind = kind
+    _assert_bnb(kernel.triton_dequantize_nf4(layer), layer.weight, layer.weight.quant_state)
+    assert _fast(kernel, layer.weight, layer.weight.quant_state) is not None
+
+
+class _Launcher:
+    """compiled.run as Triton builds it, for kind_of: its C function `launch` gets the grid, the stream,
+    the function, two flags, the metadata and the kernel's arguments, one by one or (`packed`, Triton
+    3.7+) as one tuple; `layout` rearranges what it passes, `raises` is raised by a call."""
+
+    def __init__(self, packed=False, layout=None, raises=None, **sizes):
+        self.launched, self.packed, self.layout, self.raises = [], packed, layout, raises
+        self.launch = self.c_launch
+        self.__dict__.update(sizes)
+
+    def c_launch(self, *values):
+        self.launched.append(values)
+
+    def __call__(self, x, y, z, stream, function, metadata, launch_metadata, enter, leave, *arguments):
+        if self.raises is not None:
+            raise self.raises
+        values = (x, y, z, stream, function, False, True, metadata,
+                  *((tuple(arguments),) if self.packed else arguments))
+        self.launch(*(self.layout(values) if self.layout else values))
+
+
+def _kind_of(kernel, launcher):
+    compiled = types.SimpleNamespace(run=launcher, function=0xF00D, packed_metadata=(4, 1, 0))
+    return kernel.kind_of(compiled, (8, 1, 1), [0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000, 512, 64, True])
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["one by one", "one tuple"])
+def test_a_kind_launches_by_the_c_function_with_what_the_launcher_passes_it(kernel, packed):
+    launcher = _Launcher(packed=packed)
+    kind = _kind_of(kernel, launcher)
+    assert kind.launch == launcher.c_launch and kind.packed is packed
+    assert launcher.launched == [] and launcher.launch == launcher.c_launch  # the copy recorded, nothing launched
+    assert kind.after_output == (512, 64, True)
+    arguments = (0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x9000, 512, 64, True)
+    launcher(8, 1, 1, 0x5EED, 0xF00D, (4, 1, 0), None, None, None, *arguments)  # as Triton launches it
+    kind.launch(*kind.grid, 0x5EED, *kind.fixed, *((arguments,) if packed else arguments))  # as a plan does
+    assert launcher.launched[0] == launcher.launched[1]
+
+
+FALLBACKS = {
+    "global scratch": {"global_scratch_size": 128},
+    "profile scratch": {"profile_scratch_size": 64},
+    "a launcher that raises": {"raises": RuntimeError("no allocator was set")},
+    "the stream moved": {"layout": lambda values: (values[4], *values[:4], *values[5:])},
+    "an argument appended": {"layout": lambda values: (*values, 0xABC)},
+    "the grid changed": {"layout": lambda values: (values[0] * 2, *values[1:])},
+}
+
+
+@pytest.mark.parametrize("case", FALLBACKS, ids=list(FALLBACKS))
+def test_a_kind_launches_through_compiled_run_where_the_c_functions_values_may_vary(kernel, case):
+    launcher = _Launcher(**FALLBACKS[case])
+    kind = _kind_of(kernel, launcher)
+    assert kind.launch is launcher and not kind.packed
+    assert kind.fixed == (0xF00D, (4, 1, 0), None, None, None)  # function, metadata, no hooks
+    assert launcher.launched == [] and launcher.launch == launcher.c_launch
+
+
+def test_a_launcher_without_a_c_function_attribute_is_called_itself(kernel):
+    def launcher(*values):
+        raise AssertionError("kind_of called the launcher itself")
+    kind = _kind_of(kernel, launcher)
+    assert kind.launch is launcher and not hasattr(launcher, "launch")
 
 
 STICKY_ERROR = """
@@ -585,6 +648,8 @@ def test_every_input_of_a_launch_tells_kinds_apart(kernel, monkeypatch):
     assert kernel.kind_key(layout, config, capability, list(addresses)) == base
 
     class OnAnotherGpu:
+        dtype = layout.packed.dtype
+
         def get_device(self):
             return layout.packed.get_device() + 1
 
