@@ -131,9 +131,10 @@ def case(kernel, nested, dtype):
     if plan is not None:
         fast = plan(W, q)
         result["fast_matches_triton"] = fast is not None and torch.equal(bits(fast), triton_bits)
-        offline_gpu.set_launch_hook(lambda *a: None)  # a profiler starts
-        result["fast_with_a_hook_set_later"] = plan(W, q) is not None
-        offline_gpu.set_launch_hook(None)
+        for which in ("enter", "exit"):  # a profiler starts
+            offline_gpu.set_launch_hook(lambda *a: None, which)
+            result[f"fast_with_an_{which}_hook_set_later"] = plan(W, q) is not None
+            offline_gpu.set_launch_hook(None, which)
         code = q.code
         del q.code  # validation names the missing field: the plan steps aside, raising nothing
         result["fast_with_a_field_deleted"] = plan(W, q) is not None
@@ -142,6 +143,10 @@ def case(kernel, nested, dtype):
         result["transposed_view_matches_triton"] = flipped is not None and torch.equal(
             bits(flipped.t()), triton_bits) and flipped.shape == triton_bits.shape[::-1]
         result["other_view_declined"] = plan(W.view(-1), q) is None  # its bytes, another shape
+        try:  # validation names what W is; the plan must not try to read it
+            result["not_a_tensor_declined"] = plan(W.tolist(), q) is None
+        except Exception as error:
+            result["not_a_tensor_declined"] = f"{type(error).__name__}: {error}"
         result["fields_unseen_when_changed"] = unseen_changes(kernel, plan, W, q)
         result["storage_swaps_unseen"] = unseen_storage_swaps(kernel, plan, W, q)
         result["other_gpu_current"] = other_gpu_current(kernel, plan, W, q)
@@ -156,6 +161,19 @@ def case(kernel, nested, dtype):
     result["second_weight_matches_triton"] = torch.equal(bits(result.pop("out")), second_bits)
     result["problems"] = fake.problems
     return result
+
+
+def held_transposed(kernel):
+    """A weight first called as W.t() and held so (unsloth's LoRA code passes W.t()): its first call (validated)
+    and its later ones (its plan, W itself) return out.t(), as bitsandbytes does, with Triton's bits."""
+    W, q = weight(shape=(40, 256), dtype=torch.float16, seed=90)
+    transposed = W.t()
+    triton_bits = Launch(kernel, transposed, q).triton()[1]
+    fake = offline_gpu.fake_launch_of(Launch(kernel, transposed, q).launch())
+    outputs = []
+    counts = Counted(kernel).calls(fake, lambda: outputs.append(kernel.dequantize_nf4(transposed, q)), times=2)
+    return {"launches": counts, "shapes": [list(out.shape) for out in outputs],
+            "matches_triton": all(torch.equal(bits(out.t()), triton_bits) for out in outputs)}
 
 
 def unseen_changes(kernel, plan, W, q):
@@ -510,6 +528,7 @@ def main():
               "with_launch_hook": hook_before(kernel), "converted_offset_first": converted_offset_first(kernel),
               "sweep": sweep(kernel), "other_quant_states": other_quant_states(kernel),
               "paths": paths(kernel), "direct_launch_raises": direct_launch_raises(kernel),
+              "held_transposed": held_transposed(kernel),
               "compiled_kernel_lifetime": compiled_kernel_lifetime(kernel),
               "two_threads_first_call": two_threads_first_call(kernel), "t4_code": t4_code_launches(kernel)}
     print(json.dumps(report))

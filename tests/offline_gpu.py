@@ -226,14 +226,14 @@ def forget_outputs():
         fake.output = None
 
 
-def set_launch_hook(hook):
-    """Set (or clear, with None) Triton's launch-enter hook, where this Triton keeps it."""
+def set_launch_hook(hook, which="enter"):
+    """Set (or clear, with None) Triton's launch-enter (or -exit) hook, where this Triton keeps it."""
     knobs = getattr(triton, "knobs", None)
     if knobs is not None and hasattr(knobs, "runtime"):
-        knobs.runtime.launch_enter_hook = hook
+        setattr(knobs.runtime, f"launch_{which}_hook", hook)
     else:
         from triton.compiler import CompiledKernel
-        CompiledKernel.launch_enter_hook = hook
+        setattr(CompiledKernel, f"launch_{which}_hook", hook)
 
 
 def ptxas_path(capability):

@@ -2,9 +2,10 @@
 launches by its launcher's own C function, learned without touching the launcher; a plan passes it exactly
 what Triton's launch passes, in the format Triton's C launcher parses; another weight of a kind gets exactly
 Triton's arguments for that weight with no launch by Triton; the key tells apart every pair of weights that
-Triton compiles apart; a plan steps aside for a launch hook, a changed or deleted field, a swapped storage
+Triton compiles apart; a plan steps aside for a launch hook (enter or exit), a changed or deleted field, a swapped storage
 and another current GPU, and passes the current stream; each case the launch path's header names takes the
-launches it says; a quant state no weak reference can watch (a SimpleNamespace) gets Triton's bits,
+launches it says; a weight called as W.t() and held gets out.t() each call; a plan leaves a W that is no tensor
+to validation; a quant state no weak reference can watch (a SimpleNamespace) gets Triton's bits,
 bitsandbytes' old list format an error naming it; an error a direct launch raises reaches the caller; a
 kind keeps its compiled kernel alive; two threads' first calls of one kind at once leave Triton as it was."""
 import json
@@ -49,9 +50,10 @@ def test_another_weight_of_the_kind_is_planned_without_triton(report, layout):
     assert case["second_weight_fast"] and case["second_weight_matches_triton"]
 
 
+@pytest.mark.parametrize("which", ["enter", "exit"])
 @pytest.mark.parametrize("layout", ["nested", "plain"])
-def test_a_hook_set_after_the_first_call_is_honoured(report, layout):
-    assert report[layout]["fast_with_a_hook_set_later"] is False
+def test_a_hook_set_after_the_first_call_is_honoured(report, layout, which):
+    assert report[layout][f"fast_with_an_{which}_hook_set_later"] is False
 
 
 @pytest.mark.parametrize("layout", ["nested", "plain"])
@@ -89,6 +91,18 @@ def test_a_plan_takes_the_transposed_view_of_its_weight(report, layout):
 @pytest.mark.parametrize("layout", ["nested", "plain"])
 def test_a_plan_declines_another_view_of_its_bytes(report, layout):
     assert report[layout]["other_view_declined"]
+
+
+@pytest.mark.parametrize("layout", ["nested", "plain"])
+def test_a_plan_leaves_a_w_that_is_no_tensor_to_validation(report, layout):
+    assert report[layout]["not_a_tensor_declined"] is True
+
+
+def test_a_weight_called_as_w_t_and_held_gets_out_t_on_every_call(report):
+    # the first call validated (a new kind: Triton's launch), the second by the plan made for W.t() itself
+    case = report["held_transposed"]
+    assert case["launches"] == [[1, 0], [0, 1]] and case["shapes"] == [[256, 40], [256, 40]]
+    assert case["matches_triton"]
 
 
 def test_each_case_the_header_names_takes_the_launches_it_says(report):
