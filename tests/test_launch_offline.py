@@ -2,12 +2,13 @@
 launches by its launcher's own C function, learned without touching the launcher; a plan passes it exactly
 what Triton's launch passes, in the format Triton's C launcher parses; another weight of a kind gets exactly
 Triton's arguments for that weight with no launch by Triton; the key tells apart every pair of weights that
-Triton compiles apart; a plan steps aside for a launch hook (enter or exit), a changed or deleted field, a swapped storage
-and another current GPU, and passes the current stream; each case the launch path's header names takes the
-launches it says; a weight called as W.t() and held gets out.t() each call; a plan leaves a W that is no tensor
-to validation; a quant state no weak reference can watch (a SimpleNamespace) gets Triton's bits,
-bitsandbytes' old list format an error naming it; an error a direct launch raises reaches the caller; a
-kind keeps its compiled kernel alive; two threads' first calls of one kind at once leave Triton as it was."""
+Triton compiles apart; a plan steps aside for a launch hook (enter or exit), a changed or deleted field, a
+swapped storage and another current GPU, and passes the current stream; each case the launch path's header
+names takes the launches it says; a weight called as W.t() and held gets out.t() each call; a plan leaves a
+W that is no tensor to validation; a quant state no weak reference can watch (a SimpleNamespace) gets
+Triton's bits, bitsandbytes' old list format an error naming it; an error a direct launch raises reaches the
+caller; a kind keeps its compiled kernel alive; two threads' first calls of one kind at once leave Triton
+as it was."""
 import json
 import subprocess
 import sys
