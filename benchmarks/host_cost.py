@@ -1,20 +1,20 @@
-"""Host time per call of the launch path (`timing.HOST_TIME_METHOD`), these cells against an older
-notebook's and against what the path cannot go below, in interleaved rounds on the procedure's first
-weight: results/<gpu>/host_cost.json.
+"""Host time per call of the launch path (`timing.HOST_TIME_METHOD`), these cells against an older notebook's
+and against what a launch cannot go below, in interleaved rounds on the procedure's first weight; with two GPUs,
+the same weight on the second GPU called with either GPU current: results/<gpu>/host_cost.json.
 
     python -m benchmarks.host_cost OLD.ipynb
 
-Timed: triton_dequantize_nf4 from these cells and from OLD's; the floor (HOST_COST_FLOOR); the C launch
-alone (C_LAUNCH); a plan's launch alone (DIRECT) and the same launch through compiled.run (COMPILED_RUN);
-a new weight's first call (FIRST_CALL), these cells' and OLD's; a call through Triton's own launch;
-unsloth's fused path. Many short rounds: the GPU machines' hosts switch between a fast and a slow mode
-within seconds, and a long round can catch one method in the other mode.
+Timed: triton_dequantize_nf4 from these cells and from OLD's; the floor (HOST_COST_FLOOR); a new weight's first
+call (FIRST_CALL), these cells' and OLD's; a call through Triton's own launch; unsloth's fused path. Many short
+rounds: the GPU machines' hosts switch between a fast and a slow mode within seconds, and a long round can catch
+one method in the other mode.
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -23,103 +23,110 @@ import helpers
 import timing
 from benchmarks.cells import load_kernel_cells
 
-HOST_COST_FLOOR = ("torch.empty of the output plus the C launch function Triton's compiled launcher (compiled.run) "
-                   "calls, called with the values compiled.run passes it for this weight (as the weight's kind holds "
-                   "them: tests/test_launch_offline.py holds them to Triton's own) and a fixed stream, nothing checked")
-C_LAUNCH = "the same C launch, allocating with torch.empty_strided as a plan does"
-DIRECT = ("a plan's own launch alone (plan.launch: the current stream read, the C launch function called), "
-          "allocating with torch.empty_strided, nothing checked")
-COMPILED_RUN = ("the same launch through the compiled launcher's Python entry (compiled.run), as unsloth's "
-                "triton_launch.py calls it and the launch path of the notebook before this one did, allocating "
-                "with torch.empty_strided, nothing checked")
+HOST_COST_FLOOR = ("torch.empty_strided of the output plus the compiled kernel's launcher (compiled.run), as a plan "
+                   "calls it for this weight (its grid, arguments and the current stream), nothing read or checked")
 FIRST_CALL = ("a new weight's first call: a QuantState the launch path has not seen, with its own absmax and codebook "
-              "tensors (bitsandbytes makes them per weight), its kind's compiled kernel known (from an earlier weight "
-              "of its kind): validation, the weight's plan made and kept, its launch")
+              "tensors (bitsandbytes makes them per weight), its kernel compiled (from an earlier weight of its kind): "
+              "validation, the plan made and kept, its launch")
+ANOTHER_GPU = ("a weight on cuda:1 (a model split over two GPUs): a later call with cuda:1 current, and with cuda:0 "
+               "current (the launch path makes the weight's GPU current for the launch), ours and unsloth's fused path")
 
 
-def kernel_arguments(plan, out):
-    """The kernel's arguments for a launch of plan's weight into out, as compiled.run takes them."""
-    return (*plan.inputs, out.data_ptr(), *plan.kind.after_output)
-
-
-def unchecked_calls(plan, W, q) -> dict:
-    """The floor (HOST_COST_FLOOR), the C launch alone (C_LAUNCH), a plan's launch alone (DIRECT) and the same
-    launch through compiled.run (COMPILED_RUN), built from W's plan with its checks left out."""
-    kind = plan.kind
-    compiled = kind.compiled
-    if kind.launch is not compiled.run.launch:
-        raise RuntimeError("this Triton's kinds launch through compiled.run: no C launch function to time")
-    plan(W, q)
-    size, stride, dtype, device = plan.size, plan.stride, plan.dtype, plan.device
-    stream = torch._C._cuda_getCurrentRawStream(plan.gpu)  # read once: the floor reads no stream
-
-    def c_launch_into(new):
-        arguments = kernel_arguments(plan, new)
-        if kind.packed:
-            arguments = (arguments,)
-        kind.launch(*kind.grid, stream, *kind.fixed, *arguments)
-        return new
+def floor_call(plan):
+    """A plan's launch with nothing read or checked: a new output (the plan's torch.empty_strided) and
+    compiled.run (HOST_COST_FLOOR)."""
+    compiled, gpu = plan.compiled, plan.gpu
 
     def floor():
-        return c_launch_into(torch.empty(size, dtype=dtype, device=device))
+        out = plan.new_output()
+        compiled.run(*plan.grid, torch._C._cuda_getCurrentRawStream(gpu), compiled.function,
+                     compiled.packed_metadata, None, None, None, *plan.before_out, out.data_ptr(), *plan.after_out)
+        return out
+    return floor
 
-    def c_launch_only():
-        return c_launch_into(torch.empty_strided(size, stride, dtype=dtype, device=device))
 
-    def direct():
-        new = torch.empty_strided(size, stride, dtype=dtype, device=device)
-        plan.launch(new)
-        return new
+def fresh_states(q, count):
+    """`count` copies of q, each with its own absmax and codebook tensors: a new weight's quant state each call."""
+    states = [copy.copy(q) for _ in range(count)]
+    for state in states:
+        state.absmax, state.code = q.absmax.clone(), q.code.clone()
+    return iter(states)
 
-    def compiled_run():
-        new = torch.empty_strided(size, stride, dtype=dtype, device=device)
-        current = torch._C._cuda_getCurrentRawStream(plan.gpu)
-        compiled.run(*kind.grid, current, compiled.function, compiled.packed_metadata, None, None, None,
-                     *kernel_arguments(plan, new))
-        return new
 
-    return {"floor": floor, "c_launch": c_launch_only, "direct": direct, "compiled_run": compiled_run}
+def medians(timed: dict, rounds: int, calls: int) -> tuple[dict, dict]:
+    """Every call of `timed` in `rounds` interleaved rounds of `calls` (timing.host_time): the per-round medians
+    and the median of them, µs."""
+    samples = {name: [] for name in timed}
+    for _ in range(rounds):
+        for name, fn in timed.items():
+            samples[name].append(timing.host_time(fn, calls=calls).median_us)
+    return samples, {name: sorted(values)[rounds // 2] for name, values in samples.items()}
 
 
 def host_cost(new, old, rounds: int = 45, calls: int = 200) -> dict:
-    """Every call above timed in `rounds` interleaved rounds of `calls` (timing.host_time); the median of the
-    round medians, and the ratios the README and the launch path's header quote."""
+    """Every call above timed in `rounds` interleaved rounds of `calls`; the median of the round medians, and the
+    ratios the README quotes."""
     layer = helpers.make_layer(*helpers.KERNEL_SHAPES[0])
     W, q = layer.weight, layer.weight.quant_state
     for cells in (new, old):
         assert torch.equal(cells.triton_dequantize_nf4(layer), cells.triton_dequantize_nf4(layer))
     methods, skipped = helpers.dequantizers(new.triton_dequantize_nf4)
-    fresh = {}  # per cells, a new weight for each call, W shared
-    for cells in ("new", "old"):
-        fresh[cells] = [copy.copy(q) for _ in range(rounds * (calls + 20) + 2)]
-        for state in fresh[cells]:
-            state.absmax, state.code = q.absmax.clone(), q.code.clone()
-        fresh[cells] = iter(fresh[cells])
+    fresh = {cells: fresh_states(q, rounds * (calls + 20) + 2) for cells in ("new", "old")}
+    plan = new._plans[new.key_of(W, q)]
     timed = {"new": lambda: new.triton_dequantize_nf4(layer), "old": lambda: old.triton_dequantize_nf4(layer),
-             **unchecked_calls(new._plans[new._identity(q)], W, q),
+             "floor": floor_call(plan),
              "first_call": lambda: new.dequantize_nf4(W, next(fresh["new"])),
              "old_first_call": lambda: old.dequantize_nf4(W, next(fresh["old"])),
              "via_triton": lambda: new.dequantize_nf4_via_triton(W, q)}
     if "unsloth_fused" in methods:
         timed["unsloth_fused"] = lambda: methods["unsloth_fused"](layer)
     assert all(torch.equal(timed[name](), timed["old"]()) for name in timed)
-    samples = {name: [] for name in timed}
+    samples, median = medians(timed, rounds, calls)
+    fused = median.get("unsloth_fused")
+    table = {"layer": str(helpers.KERNEL_SHAPES[0]), "method": timing.HOST_TIME_METHOD, "floor": HOST_COST_FLOOR,
+             "first_call": FIRST_CALL, "calls_per_round": calls, "rounds_us": samples, "median_us": median,
+             "new_over_floor": median["new"] / median["floor"], "old_over_floor": median["old"] / median["floor"],
+             "new_over_old": median["new"] / median["old"],
+             "first_call_over_fused": median["first_call"] / fused if fused else None,
+             "old_first_call_over_fused": median["old_first_call"] / fused if fused else None,
+             "via_triton_over_fused": median["via_triton"] / fused if fused else None,
+             "skipped_baselines": skipped}
+    if torch.cuda.device_count() > 1:
+        table["another_gpu"] = another_gpu(new, methods, rounds, calls)
+    return table
+
+
+def another_gpu(new, methods, rounds: int, calls: int) -> dict:
+    """ANOTHER_GPU: the procedure's first weight on cuda:1, a later call timed with cuda:1 current and with
+    cuda:0 current, ours and (where installed) unsloth's fused path; each output checked against bitsandbytes."""
+    import bitsandbytes.functional as bnbf
+    layer = helpers.make_layer(*helpers.KERNEL_SHAPES[0], device="cuda:1")
+    reference = bnbf.dequantize_4bit(layer.weight, layer.weight.quant_state)
+    methods = {"ours": new.triton_dequantize_nf4, **{name: fn for name, fn in methods.items() if name == "unsloth_fused"}}
+    samples = {f"{name}, cuda:{current} current": [] for current in (1, 0) for name in methods}
     for _ in range(rounds):
-        for name, fn in timed.items():
-            samples[name].append(timing.host_time(fn, calls=calls).median_us)
-    medians = {name: sorted(values)[rounds // 2] for name, values in samples.items()}
-    fused = medians.get("unsloth_fused")
-    return {"layer": str(helpers.KERNEL_SHAPES[0]), "method": timing.HOST_TIME_METHOD, "floor": HOST_COST_FLOOR,
-            "c_launch": C_LAUNCH, "direct": DIRECT, "compiled_run": COMPILED_RUN, "first_call": FIRST_CALL,
-            "calls_per_round": calls,
-            "rounds_us": samples, "median_us": medians, "new_over_floor": medians["new"] / medians["floor"],
-            "old_over_floor": medians["old"] / medians["floor"], "new_over_old": medians["new"] / medians["old"],
-            "direct_over_c_launch": medians["direct"] / medians["c_launch"],
-            "compiled_run_over_direct": medians["compiled_run"] / medians["direct"],
-            "first_call_over_fused": medians["first_call"] / fused if fused else None,
-            "old_first_call_over_fused": medians["old_first_call"] / fused if fused else None,
-            "via_triton_over_fused": medians["via_triton"] / fused if fused else None,
-            "skipped_baselines": skipped}
+        for current in (1, 0):
+            torch.cuda.set_device(current)
+            for name, fn in methods.items():
+                assert torch.equal(fn(layer), reference), (name, current)
+                samples[f"{name}, cuda:{current} current"].append(host_time_on_gpu_1(lambda: fn(layer), calls))
+    torch.cuda.set_device(0)
+    median = {name: sorted(values)[rounds // 2] for name, values in samples.items()}
+    ours_gap = median["ours, cuda:0 current"] - median["ours, cuda:1 current"]
+    return {"what": ANOTHER_GPU, "rounds_us": samples, "median_us": median, "ours_other_minus_own_us": ours_gap}
+
+
+def host_time_on_gpu_1(fn, calls: int) -> float:
+    """timing.host_time's median for a call whose GPU work runs on cuda:1, whichever GPU is current: cuda:1 is
+    synchronized (untimed) before each call."""
+    samples = []
+    for _ in range(calls):
+        torch.cuda.synchronize(1)
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e6)
+    torch.cuda.synchronize(1)
+    return sorted(samples)[calls // 2]
 
 
 def main(argv=None):
@@ -136,10 +143,10 @@ def main(argv=None):
     table["old_notebook"] = args.old_notebook.name
     print({name: round(us, 2) for name, us in table["median_us"].items()})
     print(f"new/floor {table['new_over_floor']:.3f}, old/floor {table['old_over_floor']:.3f}, new/old "
-          f"{table['new_over_old']:.3f}, direct/C launch {table['direct_over_c_launch']:.3f}, compiled.run/direct "
-          f"{table['compiled_run_over_direct']:.3f}, first call/fused "
-          f"{table['first_call_over_fused'] or float('nan'):.3f}, old first call/fused "
-          f"{table['old_first_call_over_fused'] or float('nan'):.3f}")
+          f"{table['new_over_old']:.3f}, first call/fused {table['first_call_over_fused'] or float('nan'):.3f}, "
+          f"old first call/fused {table['old_first_call_over_fused'] or float('nan'):.3f}")
+    if "another_gpu" in table:
+        print({name: round(us, 2) for name, us in table["another_gpu"]["median_us"].items()})
     path = helpers.results_dir(env) / "host_cost.json"
     print("wrote", helpers.write_results(path, env, {"host_cost": timing.HOST_TIME_METHOD}, host_cost=table))
 

@@ -28,7 +28,7 @@ def sweep(kernel, capability) -> list[dict]:
     cases = []
     for out_features, in_features, dtype in helpers.KERNEL_SHAPES:
         layer = helpers.make_layer(out_features, in_features, dtype)
-        layout = kernel.validate(layer.weight, layer.weight.quant_state).layout
+        layout = kernel.validate(layer.weight, layer.weight.quant_state)
         reference = bnbf.dequantize_4bit(layer.weight, layer.weight.quant_state)
         cases.append((f"{out_features}x{in_features}", layout, reference))
     rows = []

@@ -256,7 +256,7 @@ def measure_shape(kernel, utils, nf4, out_features, in_features, dtype, configs,
     layer = helpers.make_layer(out_features, in_features, dtype)
     W, qs = layer.weight, layer.weight.quant_state
     reference = bnbf.dequantize_4bit(W, qs)
-    layout = kernel.validate(W, qs).layout
+    layout = kernel.validate(W, qs)
     row = {"shape": f"{out_features}x{in_features}", "dtype": helpers.short_dtype(dtype), "weights": reference.numel(),
            "bytes_moved": helpers.bytes_moved(reference.numel(), dtype), "ours": {}}
     label = f"  {row['shape']} {row['dtype']}"

@@ -27,7 +27,7 @@ def build(kernel, capability, dtype, config, shape=(256, 256)):
     """The kernel compiled by Triton's JIT for `capability`, as the wrapper would launch it."""
     W, qs = bnbf.quantize_4bit(torch.randn(shape), blocksize=64, quant_type="nf4", compress_statistics=True)
     qs.dtype = dtype
-    layout = kernel.validate(W, qs).layout
+    layout = kernel.validate(W, qs)
     out = torch.empty(layout.shape, dtype=dtype)
     grid, args, constexprs, options = kernel.launch_arguments(layout, out, config, divmod(capability, 10))
     return kernel._dequantize_4bit_kernel[grid](*args, **constexprs, **options)
@@ -49,7 +49,7 @@ def exactness_builds(kernel):
     plain = build(kernel, 90, torch.bfloat16, kernel.DEFAULT_CONFIG._replace(ptx=False)).asm["ptx"]
     W, qs = bnbf.quantize_4bit(torch.randn(256, 256), blocksize=64, quant_type="nf4", compress_statistics=True)
     qs.dtype = torch.bfloat16
-    layout = kernel.validate(W, qs).layout
+    layout = kernel.validate(W, qs)
     out = torch.empty(layout.shape, dtype=torch.bfloat16)
     grid, args, constexprs, options = kernel.launch_arguments(layout, out, kernel.DEFAULT_CONFIG, (9, 0))
     extensions = {}

@@ -1,23 +1,25 @@
-"""The launch path against the installed Triton's own launcher, without a GPU (offline_gpu.py).
+"""The launch path against the installed Triton's own JIT and launcher, without a GPU (offline_gpu.py, two
+stand-in GPUs of capability 7.5). Each call's launches are compared with Triton's own launch of the freshly
+validated state (the stand-in records every C launch: the GPU current, the stream, every address and value).
 
-For a nested and a plain layout: a kind's first call (Triton's launch), which learns the values the
-compiled kernel's launcher passes its C launch function (by a copy of the launcher: Triton's own launches
-nothing more and stays as it was); calls through the weight's plan (a direct launch by that C function),
-the plan stepping aside for a launch hook set
-after the first call, a field deleted, changed or its storage swapped (`t.data = ...`), another GPU
-current; the stream a direct launch passes; another weight of the same kind, planned without a launch by
-Triton. Then: each case the launch path's header names, counted as Triton's launches and direct ones; a
-sweep of weights that Triton specializes differently (addresses off 16 bytes, sizes, dtypes, an fp64
-offset): the key must tell apart every pair that Triton compiles apart, and each plan must pass exactly
-what Triton passes for its weight; a direct launch that raises (the caller sees it); the compiled kernel kept alive by its
-kind; two threads making a kind's first call at once. The stand-in's "kernel" writes a digest of every
-argument but the output, so equal bits mean equal arguments. Prints one JSON line. Own process."""
+Reported, as one JSON line: for a nested and a plain layout, the launches of a new kind's first call, of its
+plan, of W.t() and of another weight of the kind, each against Triton's; each case the launch path's header
+names, as (Triton's launches, direct launches) per call; Triton's per-launch state this Triton has (launch
+hooks, debug mode, instrumentation mode, pre-run hooks), set after a plan exists and cleared; a weight on the
+GPU that is not current, first call and plan, with the GPU current and the stream each launch had; what changes
+the key (each field, a storage swapped, W changed in place); weights Triton specializes apart (the key must
+tell apart every pair Triton compiles apart); quant states that are not a QuantState; a launch that raises; the
+compiled kernel a kind keeps alive; two threads' first calls of one kind at once; benchmarks/t4_code.py's
+sm_75 launches. Own process."""
 import copy
+import gc
 import json
 import os
 import sys
+import threading
 import types
 import warnings
+import weakref
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -25,16 +27,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import offline_gpu  # noqa: E402  (before torch and triton are used)
 import torch  # noqa: E402
+import triton  # noqa: E402
 import bitsandbytes.functional as bnbf  # noqa: E402
 
 from benchmarks.cells import NOTEBOOK, PASTE_UNIT, load_kernel_cells  # noqa: E402
-from reference import bits, changed_value  # noqa: E402
+from reference import changed_value  # noqa: E402
 
 CAPABILITY = (7, 5)
 
 
-def weight(shape=(64, 256), nested=True, dtype=torch.bfloat16, seed=0, shift=None, offset=None):
-    """A quantized weight; `shift` = (field, bytes) places that tensor off its allocation's start."""
+def weight(shape=(64, 256), nested=True, dtype=torch.bfloat16, seed=0, shift=None, offset=None, gpu=0):
+    """A quantized weight on stand-in GPU `gpu`; `shift` = (field, bytes) places that tensor off its
+    allocation's start."""
     torch.manual_seed(seed)
     W, q = bnbf.quantize_4bit(torch.randn(shape), blocksize=64, quant_type="nf4", compress_statistics=nested)
     q.dtype = dtype
@@ -50,41 +54,42 @@ def weight(shape=(64, 256), nested=True, dtype=torch.bfloat16, seed=0, shift=Non
             W = moved
         else:
             setattr(owner, name, moved)
+    if gpu != 0:
+        W = offline_gpu.on_gpu(W, gpu)
+        for owner, name in ((q, "absmax"), (q, "offset"), (q.state2, "absmax"), (q.state2, "code")):
+            if owner is not None and isinstance(getattr(owner, name), torch.Tensor):
+                setattr(owner, name, offline_gpu.on_gpu(getattr(owner, name), gpu))
     return W, q
 
 
-class Launch:
-    """What dequantize_nf4_via_triton prepares for W: its output, arguments and key."""
+def triton_record(kernel, W, q, gpu=None):
+    """Triton's own launch of the freshly validated W, q (W's GPU current, or `gpu`): its launch records, the
+    output's address written OUT."""
+    layout = kernel.validate(W, q)
+    out = torch.empty(layout.shape, dtype=layout.dtype)
+    previous = offline_gpu.GPUS.exchange(layout.packed.get_device() if gpu is None else gpu)
+    start = len(offline_gpu.LAUNCHES)
+    try:
+        kernel.launch_via_triton(layout, out, kernel.launch_config(CAPABILITY), CAPABILITY)
+    finally:
+        offline_gpu.GPUS.exchange(previous)
+    return [_marked(launch, out) for launch in offline_gpu.LAUNCHES[start:]]
 
-    def __init__(self, kernel, W, q):
-        self.kernel, self.W, self.q = kernel, W, q
-        self.validated = kernel.validate(W, q)
-        self.layout = self.validated.layout
-        self.out = torch.empty(self.layout.shape, dtype=self.layout.dtype)
-        self.config = kernel.launch_config(CAPABILITY)
-        self.grid, self.args, self.constexprs, self.options = kernel.launch_arguments(
-            self.layout, self.out, self.config, CAPABILITY)
-        tensors = [a.data_ptr() for a in self.args if isinstance(a, torch.Tensor)]  # the inputs, then out
-        self.key = kernel.kind_key(self.layout, self.config, CAPABILITY, tensors)
 
-    def triton(self):
-        """Triton's own launch into self.out: its compiled kernel, and the bits it "wrote"."""
-        offline_gpu.forget_outputs()  # a launch for another weight wrote that weight's size
-        compiled = self.launch()
-        offline_gpu.fake_launch_of(compiled).expect_output(self.out)
-        assert self.launch() is compiled
-        return compiled, bits(self.out).clone()
+def _marked(launch, out):
+    gpu, arguments = launch
+    address = out.data_ptr()
 
-    def launch(self):
-        return self.kernel._dequantize_4bit_kernel[self.grid](*self.args, **self.constexprs, **self.options)
+    def mark(value):
+        if isinstance(value, tuple):
+            return tuple(mark(v) for v in value)
+        return "OUT" if isinstance(value, int) and value == address else value
+    return [gpu, mark(arguments)]
 
 
 class Counted:
-    """Launches counted: Triton's (its JIT's run) and every C launch (Triton's and the plans' direct ones)."""
+    """Launches counted: Triton's (its JIT's run) and every stand-in C launch (Triton's and the plans')."""
     triton = 0
-
-    def __init__(self, kernel):
-        self.kernel = kernel
 
     @classmethod
     def install(cls, kernel):
@@ -97,187 +102,48 @@ class Counted:
 
         jit.run = counting_run  # kernel[grid](...) calls the JITFunction's run
 
-    def calls(self, fake, call, times=1):
-        """(Triton's launches, direct launches) per call of call(), `times` calls; every stand-in C launch
-        counted (up to Triton 3.6 each compiled kernel has its own)."""
-        counts = []
-        for _ in range(times):
-            triton, c_launches = Counted.triton, _all_c_launches()
-            call()
-            triton = Counted.triton - triton
-            counts.append((triton, _all_c_launches() - c_launches - triton))
-        return counts
+
+def calls(call, times=1):
+    """(Triton's launches, direct launches) per call of call(), `times` calls."""
+    counts = []
+    for _ in range(times):
+        triton_runs, launches = Counted.triton, len(offline_gpu.LAUNCHES)
+        call()
+        triton_runs = Counted.triton - triton_runs
+        counts.append([triton_runs, len(offline_gpu.LAUNCHES) - launches - triton_runs])
+    return counts
 
 
-def _all_c_launches():
-    return sum(fake.calls for fake in offline_gpu.FakeLaunch.made)
+def recorded(kernel, W, q):
+    """dequantize_nf4(W, q): its launches' records (the output's address written OUT) and its launch counts."""
+    start, triton_runs = len(offline_gpu.LAUNCHES), Counted.triton
+    out = kernel.dequantize_nf4(W, q)
+    counts = [Counted.triton - triton_runs, len(offline_gpu.LAUNCHES) - start - (Counted.triton - triton_runs)]
+    return [_marked(launch, out) for launch in offline_gpu.LAUNCHES[start:]], counts, out
 
 
 def case(kernel, nested, dtype):
-    W, q = weight(nested=nested, dtype=dtype)
-    first = Launch(kernel, W, q)
-    compiled, triton_bits = first.triton()
-    fake = offline_gpu.fake_launch_of(compiled)
-    kernel._kinds.pop(first.key, None)  # (first.triton() went around the launch path)
-    launches = fake.calls
-    out = kernel.dequantize_nf4(W, q)  # the kind's first call: Triton's
-    result = {"first_call_matches_triton": torch.equal(bits(out), triton_bits),
-              "kind": kernel._kinds.get(first.key) is not None}
-    plan = kernel._plans.get(kernel._identity(q))
-    result["fast"] = plan is not None
-    # the kind launches by the launcher's own C function (compiled.run not in the way), left as it was
-    result["c_launch"] = plan is not None and plan.kind.launch is fake
-    result["launcher_unchanged"] = compiled.run.launch is fake and fake.calls == launches + 1
-    if plan is not None:
-        fast = plan(W, q)
-        result["fast_matches_triton"] = fast is not None and torch.equal(bits(fast), triton_bits)
-        for which in ("enter", "exit"):  # a profiler starts
-            offline_gpu.set_launch_hook(lambda *a: None, which)
-            result[f"fast_with_an_{which}_hook_set_later"] = plan(W, q) is not None
-            offline_gpu.set_launch_hook(None, which)
-        code = q.code
-        del q.code  # validation names the missing field: the plan steps aside, raising nothing
-        result["fast_with_a_field_deleted"] = plan(W, q) is not None
-        q.code = code
-        flipped = plan(W.t(), q)  # W.t() after W: the same bytes, the output transposed back
-        result["transposed_view_matches_triton"] = flipped is not None and torch.equal(
-            bits(flipped.t()), triton_bits) and flipped.shape == triton_bits.shape[::-1]
-        result["other_view_declined"] = plan(W.view(-1), q) is None  # its bytes, another shape
-        try:  # validation names what W is; the plan must not try to read it
-            result["not_a_tensor_declined"] = plan(W.tolist(), q) is None
-        except Exception as error:
-            result["not_a_tensor_declined"] = f"{type(error).__name__}: {error}"
-        result["fields_unseen_when_changed"] = unseen_changes(kernel, plan, W, q)
-        result["storage_swaps_unseen"] = unseen_storage_swaps(kernel, plan, W, q)
-        result["other_gpu_current"] = other_gpu_current(kernel, plan, W, q)
-        result["stream"] = stream_of_a_direct_launch(kernel, plan, W, q, fake)
-    W2, q2 = weight(nested=nested, dtype=dtype, seed=1)  # another weight: the same kind
-    second = Launch(kernel, W2, q2)
-    _, second_bits = second.triton()
-    counts = Counted(kernel).calls(fake, lambda: result.update(out=kernel.dequantize_nf4(W2, q2)))
-    result["same_key"] = second.key == first.key
-    result["second_weight_launches"] = counts[0]
-    result["second_weight_fast"] = kernel._plans.get(kernel._identity(q2)) is not None
-    result["second_weight_matches_triton"] = torch.equal(bits(result.pop("out")), second_bits)
-    result["problems"] = fake.problems
+    """A new kind's first call, its plan, W.t() and another weight of the kind, each against Triton's launch."""
+    W, q = weight(nested=nested, dtype=dtype, seed=1 if nested else 2)
+    result = {}
+    for name, view in (("first call", W), ("plan", W), ("W.t(), first", W.t()), ("W.t(), plan", W.t())):
+        mine, counts, out = recorded(kernel, view, q)
+        result[name] = {"launches": counts, "matches_triton": mine == triton_record(kernel, view, q),
+                        "shape": list(out.shape)}
+    W2, q2 = weight(nested=nested, dtype=dtype, seed=3 if nested else 4)
+    mine, counts, _ = recorded(kernel, W2, q2)
+    result["another weight of the kind"] = {"launches": counts, "matches_triton": mine == triton_record(kernel, W2, q2)}
+    result["problems"] = sum((fake.problems for fake in offline_gpu.FakeLaunch.made), [])
     return result
 
 
-def held_transposed(kernel):
-    """A weight first called as W.t() and held so (unsloth's LoRA code passes W.t()): its first call (validated)
-    and its later ones (its plan, W itself) return out.t(), as bitsandbytes does, with Triton's bits."""
-    W, q = weight(shape=(40, 256), dtype=torch.float16, seed=90)
-    transposed = W.t()
-    triton_bits = Launch(kernel, transposed, q).triton()[1]
-    fake = offline_gpu.fake_launch_of(Launch(kernel, transposed, q).launch())
-    outputs = []
-    counts = Counted(kernel).calls(fake, lambda: outputs.append(kernel.dequantize_nf4(transposed, q)), times=2)
-    return {"launches": counts, "shapes": [list(out.shape) for out in outputs],
-            "matches_triton": all(torch.equal(bits(out.t()), triton_bits) for out in outputs)}
-
-
-def unseen_changes(kernel, plan, W, q):
-    """Each field of QUANT_STATE_FIELDS (and STATE2_FIELDS, nested) changed in turn: the names whose change
-    the plan did not see (it must step aside for each: the fields decide the launch)."""
-    unseen, changed = [], 0
-    for owner, name in [(q, n) for n in kernel.QUANT_STATE_FIELDS] + [
-            (q.state2, n) for n in kernel.STATE2_FIELDS if q.state2 is not None]:
-        value = getattr(owner, name)
-        other = changed_value(value)
-        if other is None:
-            continue
-        setattr(owner, name, other)
-        if plan(W, q) is not None:
-            unseen.append(name if owner is q else f"state2.{name}")
-        setattr(owner, name, value)
-        changed += 1
-    assert plan(W, q) is not None and changed == (12 if q.state2 is not None else 6), changed
-    return unseen
-
-
-def unseen_storage_swaps(kernel, plan, W, q):
-    """`t.data = other` on each tensor the kernel reads (the object kept, its storage swapped) and on W:
-    the names whose swap the plan did not see."""
-    tensors = {"absmax": q.absmax, "code": q.code, "W": W}
-    if q.state2 is not None:
-        tensors.update({"offset": q.offset, "state2.absmax": q.state2.absmax, "state2.code": q.state2.code})
-    unseen = []
-    for name, tensor in tensors.items():
-        storage = tensor.data
-        tensor.data = storage.clone()
-        if plan(W, q) is not None:
-            unseen.append(name)
-        tensor.data = storage
-    assert plan(W, q) is not None
-    return unseen
-
-
-def other_gpu_current(kernel, plan, W, q):
-    """Whether the plan launched with another GPU current than its weight's (it must step aside)."""
-    current = offline_gpu.torch._C._cuda_getDevice
-    kernel._current_gpu = lambda: 1  # the stand-in's weights are on "GPU" None
-    try:
-        return plan(W, q) is not None
-    finally:
-        kernel._current_gpu = current
-
-
-def stream_of_a_direct_launch(kernel, plan, W, q, fake):
-    """The stream a direct launch passes when another stream is current, and whether its bits are Triton's
-    launch's on that stream (the stand-in's digest covers the stream)."""
-    other = offline_gpu.STREAM + 1
-    streams = []
-
-    def watching(*values):
-        streams.append(values[3])
-        return fake(*values)
-
-    kernel._current_stream = lambda index: other
-    triton_stream = offline_gpu.OfflineGPU.get_current_stream
-    offline_gpu.OfflineGPU.get_current_stream = lambda self, device=None: other
-    kind = plan.kind
-    plan.kind = kind._replace(launch=watching)
-    try:
-        direct = plan(W, q)
-        plan.kind = kind
-        by_triton = kernel.dequantize_nf4_via_triton(W, q)
-    finally:
-        plan.kind = kind
-        kernel._current_stream = offline_gpu.torch._C._cuda_getCurrentRawStream
-        offline_gpu.OfflineGPU.get_current_stream = triton_stream
-    return {"passed": streams, "expected": other, "matches_triton": torch.equal(bits(direct), bits(by_triton))}
-
-
-def paths(kernel):
-    """Each case the launch path's header names, as (Triton's launches, direct launches) per call."""
-    W, q = weight(shape=(16, 256), dtype=torch.float16, seed=60)
-    fake = offline_gpu.fake_launch_of(Launch(kernel, W, q).triton()[0])
-    counted, report = Counted(kernel), {}
-
-    def call(state=None, weight_=None):
-        return lambda: kernel.dequantize_nf4(weight_ if weight_ is not None else W, state if state is not None else q)
-
-    report["a new kind"] = counted.calls(fake, call())
-    report["a plan that holds"] = counted.calls(fake, call(), times=2)
-    W2, q2 = weight(shape=(16, 256), dtype=torch.float16, seed=61)
-    report["a weight with no plan"] = counted.calls(fake, call(q2, W2)) + [kernel._identity(q2) in kernel._plans]
-    q2.dtype = torch.float32
-    report["a plan that declined (a new kind)"] = counted.calls(fake, call(q2, W2), times=2)
-    namespace = _namespace(q)
-    report["a quant state without weak references"] = counted.calls(fake, call(namespace), times=2) + [
-        kernel._identity(namespace) in kernel._plans]
-    W3, q3 = weight(shape=(16, 256), dtype=torch.float16, seed=62, offset=lambda o: o.half())
-    report["an offset converted for the call"] = counted.calls(fake, call(q3, W3), times=2) + [
-        kernel._identity(q3) in kernel._plans]
-    report["NF4_FAST_LAUNCH=0"] = _with(kernel, "FAST_LAUNCH", False, lambda: counted.calls(fake, call(), 2))
-    report["torch.compile"] = _with(kernel, "_is_compiling", lambda: True, lambda: counted.calls(fake, call(), 2))
-    offline_gpu.set_launch_hook(lambda *a: None)
-    try:
-        report["a launch hook set"] = counted.calls(fake, call(), 2)
-    finally:
-        offline_gpu.set_launch_hook(None)
-    report["after all that, the plan"] = counted.calls(fake, call())
-    return report
+def _namespace(q):
+    """q's fields on SimpleNamespaces (its state2 too): a quant state that is not a QuantState."""
+    fields = {name: getattr(q, name) for name in ("absmax", "code", "quant_type", "offset", "dtype", "shape",
+                                                   "blocksize", "nested")}
+    state2 = q.state2 and types.SimpleNamespace(absmax=q.state2.absmax, code=q.state2.code,
+                                                blocksize=q.state2.blocksize, dtype=q.state2.dtype, nested=False)
+    return types.SimpleNamespace(state2=state2, **fields)
 
 
 def _with(module, name, value, work):
@@ -290,77 +156,224 @@ def _with(module, name, value, work):
         setattr(module, name, before)
 
 
-def hook_before(kernel):
-    """A launch hook set before a kind's first call: one launch, by Triton, and nothing learned."""
-    W, q = weight(dtype=torch.float16, seed=3)
-    fake = offline_gpu.fake_launch_of(Launch(kernel, W, q).triton()[0])
-    calls = fake.calls
-    offline_gpu.set_launch_hook(lambda *a: None)  # the C launcher calls it (the stand-in does not)
+def paths(kernel):
+    """Each case the launch path's header names, as (Triton's launches, direct launches) per call, and whether a
+    plan was kept."""
+    W, q = weight(shape=(16, 256), dtype=torch.float16, seed=60)
+    report = {}
+
+    def planned(W_, q_):
+        return kernel._plans.get(kernel.key_of(W_, q_)) is not None
+
+    report["a new kind"] = calls(lambda: kernel.dequantize_nf4(W, q))
+    report["a plan that holds"] = calls(lambda: kernel.dequantize_nf4(W, q), times=2)
+    W2, q2 = weight(shape=(16, 256), dtype=torch.float16, seed=61)
+    report["a new key of a known kind"] = calls(lambda: kernel.dequantize_nf4(W2, q2)) + [planned(W2, q2)]
+    q2.dtype = torch.float32
+    report["a new key of a new kind"] = calls(lambda: kernel.dequantize_nf4(W2, q2), times=2)
+    namespace = _namespace(q)
+    report["a SimpleNamespace quant state"] = calls(lambda: kernel.dequantize_nf4(W, namespace), times=2) + [
+        planned(W, namespace)]
+    W3, q3 = weight(shape=(16, 256), dtype=torch.float16, seed=62, offset=lambda o: o.half())
+    report["an offset converted for the call"] = calls(lambda: kernel.dequantize_nf4(W3, q3), times=2) + [
+        planned(W3, q3)]
+    def again():
+        return calls(lambda: kernel.dequantize_nf4(W, q), times=2)
+
+    report["NF4_FAST_LAUNCH=0"] = _with(kernel, "FAST_LAUNCH", False, again)
+    report["torch.compile"] = _with(kernel, "_is_compiling", lambda: True, again)
+    for state, (set_it, clear_it) in triton_states(kernel).items():
+        set_it()
+        try:
+            report[state] = again()
+        finally:
+            clear_it()
+    override = kernel.DEFAULT_CONFIG._replace(num_warps=8)
+    report["CONFIG_OVERRIDE set"] = _with(kernel, "CONFIG_OVERRIDE", override, again)
+    report["after all that, the plan"] = calls(lambda: kernel.dequantize_nf4(W, q))
+    return report
+
+
+def _hook(*args, **kwargs):
+    _hook.calls += 1
+
+
+_hook.calls = 0
+
+
+def triton_states(kernel):
+    """What this Triton's launch does besides launching, as (set, clear) pairs: launch hooks (3.5+: a HookChain),
+    debug mode (TRITON_DEBUG up to 3.3, knobs.runtime.debug from 3.4), an instrumentation mode (3.6+), a
+    JITFunction pre-run hook."""
+    knobs = getattr(triton, "knobs", None)
+    owner = getattr(knobs, "runtime", None) or triton.compiler.CompiledKernel
+    jit = kernel._dequantize_4bit_kernel
+    states = {}
+    for which in ("enter", "exit"):
+        name = f"launch_{which}_hook"
+        chain = getattr(owner, name)
+        if hasattr(chain, "add"):
+            states[f"a launch {which} hook"] = (lambda c=chain: c.add(_hook), lambda c=chain: c.remove(_hook))
+        else:
+            states[f"a launch {which} hook"] = (lambda n=name: setattr(owner, n, _hook),
+                                                 lambda n=name: setattr(owner, n, None))
+    if kernel.TRITON_VERSION < (3, 4):
+        states["debug mode"] = (lambda: os.environ.__setitem__("TRITON_DEBUG", "1"),
+                                lambda: os.environ.pop("TRITON_DEBUG"))
+    else:
+        states["debug mode"] = (lambda: setattr(knobs.runtime, "debug", True),
+                                lambda: setattr(knobs.runtime, "debug", False))
+    compilation = getattr(knobs, "compilation", None)
+    if kernel.TRITON_VERSION >= (3, 6) and hasattr(compilation, "instrumentation_mode"):
+        states["an instrumentation mode"] = (lambda: setattr(compilation, "instrumentation_mode", "nf4-probe"),
+                                             lambda: setattr(compilation, "instrumentation_mode", ""))
+    states["a pre-run hook"] = (lambda: jit.pre_run_hooks.append(_hook), lambda: jit.pre_run_hooks.remove(_hook))
+    return states
+
+
+def triton_state_after_a_plan(kernel):
+    """Each of this Triton's per-launch states set after a weight's plan exists: the call is Triton's launch, with
+    Triton's arguments; once cleared, the plan's again."""
+    W, q = weight(shape=(8, 128), dtype=torch.float16, seed=70)
+    kernel.dequantize_nf4(W, q)
+    report = {}
+    for state, (set_it, clear_it) in triton_states(kernel).items():
+        set_it()
+        try:
+            mine, counts, _ = recorded(kernel, W, q)
+            matches = mine == triton_record(kernel, W, q)
+        finally:
+            clear_it()
+        after = recorded(kernel, W, q)[1]
+        report[state] = {"launches": counts, "matches_triton": matches, "after": after}
+    report["hook calls"] = _hook.calls
+    return report
+
+
+def another_gpu(kernel):
+    """A weight on one stand-in GPU called while the other is current (a model split over two GPUs): its first
+    call and its plan launch with its GPU current and that GPU's stream (Triton's arguments), the current GPU as
+    it was after each."""
+    report = {}
+    for gpu, current in ((1, 0), (0, 1)):
+        W, q = weight(shape=(24, 128), dtype=torch.float16, seed=80 + gpu, gpu=gpu)
+        offline_gpu.GPUS.exchange(current)
+        rows = []
+        for _ in range(2):
+            mine, counts, _ = recorded(kernel, W, q)
+            rows.append({"launches": counts, "gpus": [launch[0] for launch in mine],
+                         "streams": [launch[1][3] for launch in mine], "current_after": offline_gpu.GPUS.current,
+                         "matches_triton": mine == triton_record(kernel, W, q)})
+        offline_gpu.GPUS.exchange(0)
+        report[f"on GPU {gpu}, GPU {current} current"] = rows
+    return report
+
+
+def key_changes(kernel):
+    """What changes a weight's key: each field (QUANT_STATE_FIELDS, STATE2_FIELDS) set to another value, each
+    tensor's storage swapped (`t.data = ...`) or reinterpreted at its address (another dtype, fewer values), W
+    changed in place. The names whose change left the key as it was (each must change it, or make it unreadable)."""
+    W, q = weight(shape=(32, 128), seed=90)
+    key = kernel.key_of(W, q)
+    unseen = []
+
+    def seen(name, change, undo):
+        change()
+        try:
+            same = kernel.key_of(W, q) == key
+        except (AttributeError, TypeError):  # unreadable: the call is validated
+            same = False
+        undo()
+        if same:
+            unseen.append(name)
+
+    fields = [(q, name) for name in kernel.QUANT_STATE_FIELDS] + [(q.state2, name) for name in kernel.STATE2_FIELDS]
+    for owner, name in fields:
+        value = getattr(owner, name)
+        other = changed_value(value) if not isinstance(value, bool) else not value
+        label = name if owner is q else f"state2.{name}"
+        seen(label, lambda: setattr(owner, name, other), lambda: setattr(owner, name, value))
+        seen(f"{label} deleted", lambda: delattr(owner, name), lambda: setattr(owner, name, value))
+    tensors = {"W": W, "absmax": q.absmax, "offset": q.offset, "state2.absmax": q.state2.absmax,
+               "state2.code": q.state2.code}
+    for name, tensor in tensors.items():
+        data = tensor.data
+        seen(f"{name}.data swapped", lambda: setattr(tensor, "data", data.clone()),
+             lambda: setattr(tensor, "data", data))
+        other = {torch.uint8: torch.int8, torch.float32: torch.int32}[data.dtype]
+        seen(f"{name}.data another dtype", lambda: setattr(tensor, "data", data.view(other)),
+             lambda: setattr(tensor, "data", data))
+        seen(f"{name}.data fewer values", lambda: setattr(tensor, "data", data.reshape(-1)[:-1]),
+             lambda: setattr(tensor, "data", data))
+        if data.numel() > 1:  # (one value's stride-0 view is itself)
+            seen(f"{name}.data stride 0", lambda: setattr(tensor, "data", data.reshape(-1)[:1].expand(data.numel())),
+                 lambda: setattr(tensor, "data", data))
+    seen("W.t_()", W.t_, W.t_)
+    shape = list(q.shape)
+    q.shape = shape  # a list: no key (unhashable), so every call is validated
     try:
-        out = kernel.dequantize_nf4(W, q)
-    finally:
-        offline_gpu.set_launch_hook(None)
-    return {"triton_launches": fake.calls - calls, "kind": Launch(kernel, W, q).key in kernel._kinds,
-            "output": list(out.shape), "fast": kernel._identity(q) in kernel._plans}
+        hash(kernel.key_of(W, q))
+        unseen.append("a list shape")
+    except TypeError:
+        pass
+    q.shape = torch.Size(shape)
+    assert kernel.key_of(W, q) == key
+    return unseen
 
 
-def converted_offset_first(kernel):
-    """A kind first seen on a weight whose fp16 offset the wrapper converts (a temporary, so no plan): its
-    first call is Triton's, its later calls one direct launch each, validated; a weight of the kind with its
-    own fp32 offset is then planned at once."""
-    W, q = weight(shape=(32, 128), dtype=torch.float16, seed=4, offset=lambda o: o.half())
-    launch = Launch(kernel, W, q)
-    fake = offline_gpu.fake_launch_of(launch.triton()[0])
-    counted = Counted(kernel)
-    first = counted.calls(fake, lambda: kernel.dequantize_nf4(W, q), times=2)
-    W2, q2 = weight(shape=(32, 128), dtype=torch.float16, seed=5)
-    key2 = Launch(kernel, W2, q2).key
-    other = counted.calls(fake, lambda: kernel.dequantize_nf4(W2, q2))
-    return {"launches": first, "kind": bool(kernel._kinds.get(launch.key)),
-            "fast": kernel._identity(q) in kernel._plans, "same_key": key2 == launch.key,
-            "other_weight_launches": other, "other_weight_fast": kernel._identity(q2) in kernel._plans}
+SWEEP = {  # weights Triton may specialize apart
+    "aligned": {},
+    "W off by 1 byte": {"shift": ("W", 1)},
+    "W off by 8 bytes": {"shift": ("W", 8)},
+    "absmax off by 4 bytes": {"shift": ("absmax", 4)},
+    "state2.absmax off by 4 bytes": {"shift": ("state2.absmax", 4)},
+    "offset off by 4 bytes": {"shift": ("offset", 4)},
+    "size 72 (8 mod 16)": {"shape": (1, 72)},
+    "size 100 (4 mod 16)": {"shape": (5, 20)},
+    "size 1": {"shape": (1, 1)},
+    "size 4096": {"shape": (16, 256)},
+    "fp32, plain absmax": {"nested": False, "dtype": torch.float32},
+    "fp64 offset": {"offset": lambda o: o.double().reshape(1)},
+    "fp16": {"dtype": torch.float16},
+}
 
 
-def _calls(kernel, W, q, fake, times=2):
-    """dequantize_nf4(W, q) `times` times: per call, its output's bits and the C launches it made
-    (Triton's launch makes one, a direct launch one), and the warnings all the calls gave."""
-    results = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(times):
-            calls = fake.calls
-            out = kernel.dequantize_nf4(W, q)
-            results.append((bits(out), fake.calls - calls))
-    return results, [str(warning.message) for warning in caught]
-
-
-def _namespace(q):
-    """q's fields on SimpleNamespaces (q's state2 too): a quant state without weak references."""
-    fields = {name: getattr(q, name) for name in ("absmax", "code", "quant_type", "offset", "dtype",
-                                                   "shape", "blocksize")}
-    state2 = q.state2 and types.SimpleNamespace(absmax=q.state2.absmax, code=q.state2.code,
-                                                blocksize=q.state2.blocksize, dtype=q.state2.dtype)
-    return types.SimpleNamespace(state2=state2, **fields)
+def sweep(kernel):
+    """Each weight of SWEEP called twice: Triton's arguments each time, and how many compiled kernels each kind key
+    stands for (one: a key Triton compiles apart is another key)."""
+    compiled_of_key, rows = {}, {}
+    for seed, (name, spec) in enumerate(SWEEP.items()):
+        W, q = weight(seed=10 + seed, **spec)
+        layout = kernel.validate(W, q)
+        out = torch.empty(layout.shape, dtype=layout.dtype)
+        grid, args, constexprs, options = kernel.launch_arguments(layout, out, kernel.launch_config(CAPABILITY),
+                                                                  CAPABILITY)
+        compiled = kernel._dequantize_4bit_kernel[grid](*args, **constexprs, **options)
+        key = kernel.kind_key(args, constexprs, options, layout.packed.get_device())
+        compiled_of_key.setdefault(key, set()).add(id(compiled))
+        results = [recorded(kernel, W, q) for _ in range(2)]
+        rows[name] = {"matches_triton": all(mine == triton_record(kernel, W, q) for mine, _, _ in results),
+                      "launches": [counts for _, counts, _ in results],
+                      "planned": kernel._plans.get(kernel.key_of(W, q)) is not None}
+    return {"rows": rows, "keys": len(compiled_of_key), "kernels": len(set().union(*compiled_of_key.values())),
+            "keys_with_two_kernels": sum(len(ids) > 1 for ids in compiled_of_key.values())}
 
 
 def other_quant_states(kernel):
-    """Quant states people pass that are not a QuantState with a QuantState's state2: each call gives
-    Triton's bits for the equivalent QuantState; a SimpleNamespace has no plan (nothing to watch it by), a
-    later call one direct launch; a QuantState whose state2 is a SimpleNamespace is planned. bitsandbytes'
-    list format (before 0.41.2), with state2 an object or a list, or a plain absmax: refused, the message
-    naming the format."""
+    """Quant states people pass that are not a QuantState with a QuantState's state2: each call gets Triton's
+    arguments for the equivalent QuantState and is planned; bitsandbytes' list format (before 0.41.2), with
+    state2 an object or a list, or a plain absmax: refused, the message naming the format."""
     W, q = weight(shape=(48, 128), seed=30)
-    triton_bits = Launch(kernel, W, q).triton()[1]
-    fake = offline_gpu.fake_launch_of(Launch(kernel, W, q).launch())
+    expected = triton_record(kernel, W, q)
     with_namespace_state2 = copy.copy(q)
     with_namespace_state2.state2 = _namespace(q).state2
     report = {}
-    for name, form in {"SimpleNamespace": _namespace(q),
-                       "QuantState, state2 a SimpleNamespace": with_namespace_state2}.items():
-        results, caught = _calls(kernel, W, form, fake)
-        report[name] = {"matches_triton": all(torch.equal(b, triton_bits) for b, _ in results),
-                        "later_call_launches": results[-1][1], "warnings": caught,
-                        "plan": kernel._identity(form) in kernel._plans}
+    for name, form in {"SimpleNamespace": _namespace(q), "QuantState, state2 a SimpleNamespace": with_namespace_state2}.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            results = [recorded(kernel, W, form) for _ in range(2)]
+        report[name] = {"matches_triton": all(mine == expected for mine, _, _ in results),
+                        "launches": [counts for _, counts, _ in results], "warnings": [str(w.message) for w in caught]}
     state2 = q.state2
     lists = {"list, state2 an object": [q.absmax, q.shape, q.dtype, q.blocksize, [q.offset, state2], q.quant_type,
                                         q.code],
@@ -376,14 +389,13 @@ def other_quant_states(kernel):
     return report
 
 
-def direct_launch_raises(kernel):
-    """A planned weight's direct launch raises (a sticky CUDA error, say): the error reaches the caller, as
-    Triton's launch's would; nothing is warned or given up, and once launches work again the weight's next
-    calls launch directly, with Triton's bits."""
+def a_launch_raises(kernel):
+    """A planned weight's launch raises (a sticky CUDA error, say): the error reaches the caller, as Triton's launch's
+    would; nothing is warned or given up, and once launches work again the weight's next calls take its plan."""
     W, q = weight(shape=(72, 128), seed=44)
-    compiled, triton_bits = Launch(kernel, W, q).triton()
-    fake = offline_gpu.fake_launch_of(compiled)
-    _calls(kernel, W, q, fake)  # a plan made, then used
+    for _ in range(2):
+        kernel.dequantize_nf4(W, q)
+    fake = offline_gpu.fake_launch_of(kernel._plans[kernel.key_of(W, q)].compiled)
     fake.error = RuntimeError("CUDA error: an illegal memory access was encountered")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -394,142 +406,110 @@ def direct_launch_raises(kernel):
             error = str(raised)
         finally:
             fake.error = None
-    results, later_warnings = _calls(kernel, W, q, fake)
-    return {"error": error, "warnings": [str(w.message) for w in caught] + later_warnings,
-            "planned": kernel._identity(q) in kernel._plans, "launches": [n for _, n in results],
-            "matches_triton": all(torch.equal(b, triton_bits) for b, _ in results)}
+    results = [recorded(kernel, W, q) for _ in range(2)]
+    return {"error": error, "warnings": [str(w.message) for w in caught],
+            "launches": [counts for _, counts, _ in results],
+            "matches_triton": all(mine == triton_record(kernel, W, q) for mine, _, _ in results)}
+
+
+def held_transposed(kernel):
+    """A weight first called as W.t() and held so (unsloth's LoRA code passes W.t()): its first call (validated)
+    and its later ones (its plan) return out.t(), as bitsandbytes does, with Triton's arguments."""
+    W, q = weight(shape=(40, 256), dtype=torch.float16, seed=91)
+    transposed = W.t()
+    results = [recorded(kernel, transposed, q) for _ in range(2)]
+    return {"launches": [counts for _, counts, _ in results], "shapes": [list(out.shape) for _, _, out in results],
+            "matches_triton": all(mine == triton_record(kernel, transposed, q) for mine, _, _ in results)}
 
 
 def compiled_kernel_lifetime(kernel):
-    """A kind keeps the compiled kernel that owns its function: with Triton's own cache of it emptied, the
-    kernel lives on and a later call launches it directly, with Triton's bits."""
-    import gc
-    import weakref
-    W, q = weight(shape=(8, 256), seed=70)
-    launch = Launch(kernel, W, q)
-    compiled, triton_bits = launch.triton()
-    kernel.dequantize_nf4(W, q)
-    owner = weakref.ref(kernel._kinds[launch.key].compiled)
+    """A plan keeps the compiled kernel that owns its function: with Triton's own cache of it emptied, the kernel
+    lives on and a later call launches it, with Triton's arguments."""
+    W, q = weight(shape=(8, 256), seed=71)
+    for _ in range(2):
+        kernel.dequantize_nf4(W, q)
+    owner = weakref.ref(kernel._plans[kernel.key_of(W, q)].compiled)
     jit = kernel._dequantize_4bit_kernel
     for cache in getattr(jit, "device_caches", {}).values():  # Triton 3.3+: (kernels, ...) per device
         cache[0].clear()
     for cache in getattr(jit, "cache", {}).values():  # Triton 3.2: kernels per device
         cache.clear()
-    del compiled
     gc.collect()
-    out = kernel.dequantize_nf4(W, q)
-    return {"alive": owner() is not None, "matches_triton": torch.equal(bits(out), triton_bits)}
+    mine, counts, _ = recorded(kernel, W, q)
+    return {"alive": owner() is not None, "launches": counts,
+            "matches_triton": mine == triton_record(kernel, W, q)}
 
 
 def two_threads_first_call(kernel):
-    """Two threads make the first call of one new kind at once, their Triton launches interleaved (the first
-    waits inside its launch until the second is launching): both get Triton's bits, one kind is kept, and
-    Triton's launcher is left as it was."""
-    import threading
-    weights = [weight(shape=(24, 256), dtype=torch.float16, seed=80 + i) for i in range(2)]
-    expected = []
-    for W, q in weights:
-        compiled, triton_bits = Launch(kernel, W, q).triton()
-        expected.append(triton_bits)
-    key = Launch(kernel, *weights[0]).key
-    kernel._kinds.pop(key, None)
-    launcher = compiled.run
-    fake = launcher.launch
+    """Two threads make the first call of one new kind at once, their Triton launches interleaved (the first waits
+    inside its launch until the second is launching): both get Triton's arguments, one kind is kept."""
+    weights = [weight(shape=(24, 256), dtype=torch.float32, seed=85 + i) for i in range(2)]
+    launcher = offline_gpu.FakeLaunch
     second_launching = threading.Event()
-    offline_gpu.forget_outputs()
+    call = launcher.__call__
 
-    def interleaved(*values):
+    def interleaved(self, *values):
         if threading.current_thread().name == "second":
             second_launching.set()
         else:
             second_launching.wait(timeout=10)
-        return fake(*values)
+        return call(self, *values)
 
-    launcher.launch = interleaved
     outputs = {}
 
     def work(name, W, q):
         outputs[name] = kernel.dequantize_nf4(W, q)
 
-    threads = [threading.Thread(target=work, name=name, args=(name, *wq)) for name, wq in zip(("first", "second"),
-                                                                                            weights)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    launcher.launch = fake
-    return {"interleaved": second_launching.is_set(), "kind": kernel._kinds.get(key) is not None,
-            "launcher_unchanged": compiled.run.launch is fake, "outputs": sorted(outputs)}
+    kinds = len(kernel._kinds)
+    launcher.__call__ = interleaved
+    try:
+        threads = [threading.Thread(target=work, name=name, args=(name, *wq))
+                   for name, wq in zip(("first", "second"), weights)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        launcher.__call__ = call
+    matches = all(recorded(kernel, W, q)[0] == triton_record(kernel, W, q) for W, q in weights)
+    return {"interleaved": second_launching.is_set(), "new_kinds": len(kernel._kinds) - kinds,
+            "outputs": sorted(outputs), "later_calls_match_triton": matches}
 
 
 def t4_code_launches(kernel):
     """benchmarks/t4_code.py's sm_75 launches: for ours, the JIT build's launcher called with the paste unit's
     launcher_arguments (the stand-in loads the sm_75 build under the JIT build's function handle), Triton's
-    bits; for the copy kernel, a launch that parses."""
+    arguments; for the copy kernel, a launch that parses."""
     from benchmarks import t4_code
     W, q = weight(shape=(64, 256), seed=50)
-    launch = Launch(kernel, W, q)
-    compiled, triton_bits = launch.triton()
-    sm75 = t4_code.ours(kernel, launch.layout, launch.out, launch.config)
-    other = torch.empty_like(launch.out)
-    sm75.into(other)  # (the stand-in writes where Triton's launch put its output)
-    packed, absmax = launch.layout.packed, launch.layout.absmax
-    copy = t4_code.copy_launch(kernel, packed, absmax, torch.empty(packed.numel() * 2, dtype=torch.int16), 2048, 4,
-                               True)
-    copy.into(torch.empty(packed.numel() * 2, dtype=torch.int16))
-    return {"target": sm75.build.compiled.metadata.target.arch, "matches_triton": torch.equal(bits(other), triton_bits),
-            "problems": offline_gpu.fake_launch_of(compiled).problems
-            + offline_gpu.fake_launch_of(copy.jit_compiled).problems}
-
-
-SWEEP = {  # weights Triton may specialize apart
-    "aligned": {},
-    "W off by 1 byte": {"shift": ("W", 1)},
-    "W off by 8 bytes": {"shift": ("W", 8)},
-    "absmax off by 4 bytes": {"shift": ("absmax", 4)},
-    "state2.absmax off by 4 bytes": {"shift": ("state2.absmax", 4)},
-    "offset off by 4 bytes": {"shift": ("offset", 4)},  # (code: not read; bitsandbytes' table is)
-    "size 72 (8 mod 16)": {"shape": (1, 72)},
-    "size 100 (4 mod 16)": {"shape": (5, 20)},
-    "size 1": {"shape": (1, 1)},
-    "size 4096": {"shape": (16, 256)},
-    "fp32, plain absmax": {"nested": False, "dtype": torch.float32},
-    "fp64 offset": {"offset": lambda o: o.double().reshape(1)},
-    "fp16": {"dtype": torch.float16},
-}
-
-
-def sweep(kernel):
-    compiled_of_key, rows = {}, {}
-    for seed, (name, spec) in enumerate(SWEEP.items()):
-        W, q = weight(seed=10 + seed, **spec)
-        launch = Launch(kernel, W, q)
-        compiled, triton_bits = launch.triton()
-        compiled_of_key.setdefault(launch.key, set()).add(id(compiled))
-        for _ in range(2):  # the kind's first call where it is new (Triton's), then the weight's plan
-            out = kernel.dequantize_nf4(W, q)
-        plan = kernel._plans.get(kernel._identity(q))
-        fast = plan(W, q) if plan is not None else None
-        rows[name] = {"matches_triton": torch.equal(bits(out), triton_bits),
-                      "fast": fast is not None, "fast_matches_triton": fast is not None
-                      and torch.equal(bits(fast), triton_bits)}
-    return {"rows": rows, "keys": len(compiled_of_key),
-            "kernels": len(set().union(*compiled_of_key.values())),
-            "keys_with_two_kernels": sum(len(ids) > 1 for ids in compiled_of_key.values())}
+    layout = kernel.validate(W, q)
+    out = torch.empty(layout.shape, dtype=layout.dtype)
+    config = kernel.launch_config(CAPABILITY)
+    start = len(offline_gpu.LAUNCHES)
+    sm75 = t4_code.ours(kernel, layout, out, config)  # (Triton's launch into out first)
+    other = torch.empty_like(out)
+    sm75.into(other)
+    triton_launch, ours = offline_gpu.LAUNCHES[start], offline_gpu.LAUNCHES[-1]
+    packed, absmax = layout.packed, layout.absmax
+    copy_kernel = t4_code.copy_launch(kernel, packed, absmax, torch.empty(packed.numel() * 2, dtype=torch.int16),
+                                      2048, 4, True)
+    copy_kernel.into(torch.empty(packed.numel() * 2, dtype=torch.int16))
+    problems = sum((fake.problems for fake in offline_gpu.FakeLaunch.made), [])
+    return {"target": sm75.build.compiled.metadata.target.arch,
+            "matches_triton": _marked(ours, other) == _marked(triton_launch, out), "problems": problems}
 
 
 def main():
-    offline_gpu.install(75)
+    offline_gpu.install(75, gpus=2)
     kernel = load_kernel_cells(Path(os.environ.get("NF4_NOTEBOOK", NOTEBOOK)), tags=PASTE_UNIT)
-    kernel.device_capability = lambda device: CAPABILITY  # the CPU tensors are the stand-in GPU's
+    kernel.device_capability = lambda device: CAPABILITY  # the CPU tensors are the stand-in GPUs'
     Counted.install(kernel)
-    report = {"triton": offline_gpu.triton.__version__,
+    report = {"triton": triton.__version__,
               "nested": case(kernel, True, torch.bfloat16), "plain": case(kernel, False, torch.float32),
-              "with_launch_hook": hook_before(kernel), "converted_offset_first": converted_offset_first(kernel),
-              "sweep": sweep(kernel), "other_quant_states": other_quant_states(kernel),
-              "paths": paths(kernel), "direct_launch_raises": direct_launch_raises(kernel),
-              "held_transposed": held_transposed(kernel),
-              "compiled_kernel_lifetime": compiled_kernel_lifetime(kernel),
+              "paths": paths(kernel), "triton_state": triton_state_after_a_plan(kernel),
+              "another_gpu": another_gpu(kernel), "key_changes": key_changes(kernel), "sweep": sweep(kernel),
+              "other_quant_states": other_quant_states(kernel), "a_launch_raises": a_launch_raises(kernel),
+              "held_transposed": held_transposed(kernel), "compiled_kernel_lifetime": compiled_kernel_lifetime(kernel),
               "two_threads_first_call": two_threads_first_call(kernel), "t4_code": t4_code_launches(kernel)}
     print(json.dumps(report))
 

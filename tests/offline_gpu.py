@@ -5,9 +5,16 @@ specializes and compiles kernels exactly as it would for such a GPU (the bundled
 cubin), and the launcher Triton builds is its own Python class, so the arguments it hands to its C
 launch function are what a GPU would get. The stand-in for that C function launches nothing: it
 checks every call against the format the real one parses (the generated launcher's
-PyArg_ParseTuple string up to Triton 3.6, the fixed one of 3.7 and newer) and, once told which
-tensor is the output, "runs the kernel" by filling it with a digest of every other argument, so a
-call that passes anything else than Triton's own leaves other bytes.
+PyArg_ParseTuple string up to Triton 3.6, the fixed one of 3.7 and newer), records it in LAUNCHES
+(the GPU current then, and every argument as it reaches the GPU: tensors as addresses) and, once
+told which tensor is the output, "runs the kernel" by filling it with a digest of every other
+argument, so a call that passes anything else than Triton's own leaves other bytes.
+
+With `install(capability, gpus=2)` it stands in for two such GPUs: torch's current-device calls and
+Triton's driver share GPUS.current, each GPU has its own current stream (STREAM + index), and a
+tensor is on GPU 0 unless `on_gpu` copied it into another GPU's memory: Tensor.get_device says so.
+As on real GPUs (one address space, CUDA's unified addressing), an address belongs to one GPU for
+good: every GPU but 0 has memory of its own, which is never freed.
 
 Use it in a process of its own that has not run the interpreter: it replaces Triton's driver.
 """
@@ -25,6 +32,56 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 TRITON = tuple(int(part) for part in triton.__version__.split(".")[:2])
 STREAM, FUNCTION = 0x5EED, 0xF00D
+LAUNCHES = []  # (the GPU current, the arguments as they reach the GPU) of every stand-in C launch
+
+
+class GPUS:
+    """The stand-in GPUs: how many, which is current, each one's current stream (STREAM + its index
+    unless set), the memory of each GPU but 0 (CPU blocks it hands out slices of, never freed)."""
+    count = 1
+    current = 0
+    streams = {}  # a GPU -> its current stream, where another than STREAM + its index
+    memory = {}  # a GPU -> [its blocks (uint8 tensors), bytes of the last one handed out]
+    BLOCK = 16 << 20
+
+    @classmethod
+    def stream(cls, index):
+        """GPU `index`'s current stream, as torch's _cuda_getCurrentRawStream and Triton's driver say."""
+        return cls.streams.get(index, STREAM + index)
+
+    @classmethod
+    def exchange(cls, index):
+        """torch.cuda._exchange_device: `index` current (a negative index: nothing); the one before."""
+        previous = cls.current
+        if index >= 0:
+            if index >= cls.count:
+                raise RuntimeError(f"invalid device ordinal {index} ({cls.count} stand-in GPUs)")
+            cls.current = index
+        return previous
+
+
+def on_gpu(tensor, gpu):
+    """A copy of tensor on stand-in GPU `gpu` (GPU 0: a plain copy), contiguous, 256-byte aligned."""
+    if gpu == 0:
+        return tensor.clone(memory_format=torch.contiguous_format)
+    blocks = GPUS.memory.setdefault(gpu, [[], GPUS.BLOCK])
+    size = -(-max(tensor.nbytes, 1) // 256) * 256
+    if blocks[1] + size > GPUS.BLOCK:
+        blocks[0].append(torch.empty(max(GPUS.BLOCK, size), dtype=torch.uint8))
+        blocks[1] = 0
+    start, blocks[1] = blocks[1], blocks[1] + size
+    copy = blocks[0][-1][start:start + tensor.nbytes].view(tensor.dtype).view(tensor.shape)
+    copy.copy_(tensor)
+    return copy
+
+
+def _stand_in_get_device(tensor):
+    address = tensor.untyped_storage().data_ptr()
+    for gpu, (blocks, _) in GPUS.memory.items():
+        for block in blocks:
+            if block.data_ptr() <= address < block.data_ptr() + block.nbytes:
+                return gpu
+    return 0
 # Triton 3.7+: launch(gridX, gridY, gridZ, stream, function, cooperative, pdl, (warps, ctas, shared),
 # metadata, enter hook, exit hook, global scratch, profile scratch, annotations, signature, args)
 GENERIC_FORMAT = "iiiKKpp(iii)OOOOOOy*O"
@@ -70,8 +127,10 @@ def _reaching_the_gpu(value):
         return value.data_ptr()
     if value is None or callable(value) or type(value).__name__ == "LazyDict":
         return "-"
-    if isinstance(value, tuple):
+    if isinstance(value, (tuple, list)):
         return tuple(map(_reaching_the_gpu, value))
+    if isinstance(value, _KernelArg):  # (Triton 3.7+: one per argument, made per compiled kernel)
+        return ("arg", _reaching_the_gpu(value.nested_tuple), value.type)
     return value
 
 
@@ -104,6 +163,7 @@ class FakeLaunch:
         self.problems += problems
         if problems:
             raise TypeError(f"the launch's arguments do not parse: {problems[0]}")
+        LAUNCHES.append((GPUS.current, tuple(_reaching_the_gpu(a) for a in args)))
         if self.output is None:
             return
         tensor, path, form = self.output
@@ -175,13 +235,13 @@ class OfflineGPU(nvidia.CudaDriver):
         self.launcher_cls = nvidia.CudaLauncher
 
     def get_current_device(self):
-        return self.capability  # one cache per capability in Triton's JIT
+        return self.capability * 100 + GPUS.current  # one cache per capability and GPU in Triton's JIT
 
     def set_current_device(self, device):
-        pass
+        GPUS.exchange(device % 100)
 
     def get_current_stream(self, device=None):
-        return STREAM
+        return GPUS.stream(GPUS.current if device is None else device % 100)
 
     def get_current_target(self):
         return GPUTarget("cuda", self.capability, 32)
@@ -197,8 +257,9 @@ class OfflineGPU(nvidia.CudaDriver):
         return True
 
 
-def install(capability):
-    """Make Triton's NVIDIA backend believe in one GPU of `capability` (75 for a T4)."""
+def install(capability, gpus=1):
+    """Make Triton's NVIDIA backend, and torch's current-device calls, believe in `gpus` GPUs of
+    `capability` (75 for a T4)."""
     for name in ("compile_module_from_src", "compile_module_from_file"):
         if hasattr(nvidia, name):
             setattr(nvidia, name, _generated_launcher)
@@ -209,8 +270,14 @@ def install(capability):
             setattr(nvidia, name, value)
     driver = OfflineGPU(capability)
     triton.runtime.driver.set_active(driver)
-    torch._C._cuda_getCurrentRawStream = lambda index: STREAM  # what the wrapper asks torch
-    torch._C._cuda_getDevice = lambda: None  # the current device: a CPU tensor's index
+    GPUS.count, GPUS.current = gpus, 0
+    torch._C._cuda_getCurrentRawStream = GPUS.stream  # what the cells ask torch
+    torch._C._cuda_getDevice = lambda: GPUS.current
+    torch._C._cuda_exchangeDevice = GPUS.exchange
+    torch.cuda.current_device = lambda: GPUS.current
+    torch.cuda._exchange_device = GPUS.exchange  # torch.cuda.device(i) enters and leaves by these
+    torch.cuda._maybe_exchange_device = GPUS.exchange
+    torch.Tensor.get_device = _stand_in_get_device
     return driver
 
 

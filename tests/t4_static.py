@@ -320,7 +320,7 @@ def build(kernel, config, dtype, shape=(64, 8192)):
     W, qs = bnbf.quantize_4bit(torch.randn(shape, generator=torch.Generator().manual_seed(0)), blocksize=64,
                                quant_type="nf4", compress_statistics=True)
     qs.dtype = dtype
-    layout = kernel.validate(W, qs).layout
+    layout = kernel.validate(W, qs)
     out = torch.empty(layout.shape, dtype=dtype)
     grid, args, constexprs, options = kernel.launch_arguments(layout, out, config, t4_code.T4)
     return kernel._dequantize_4bit_kernel[grid](*args, **constexprs, **options)

@@ -41,7 +41,7 @@ def test_a_weight_on_the_meta_device_is_refused_by_name(kernel, layer):
     qs.absmax, qs.code = qs.absmax.to("meta"), qs.code.to("meta")
     with pytest.raises(ValueError, match="meta device, which holds no data"):
         kernel.dequantize_nf4(layer.weight.data.to("meta"), qs)
-    with pytest.raises(ValueError, match=r"quant_state\.code is on meta"):  # W has data, its tables not
+    with pytest.raises(ValueError, match=r"quant_state\.absmax is on meta"):  # W has data, its scales not
         kernel.dequantize_nf4(layer.weight, qs)
 
 
@@ -54,18 +54,30 @@ BROKEN_STATES = {
                      r"quant_state\.absmax must be torch\.uint8, got torch\.float32"),
     "absmax count": (lambda qs: setattr(qs, "absmax", qs.absmax[:-1]), ValueError,
                      r"quant_state\.absmax holds 255 values, not 256"),
-    "codebook dtype": (lambda qs: setattr(qs, "code", qs.code.half()), TypeError,
-                       r"quant_state\.code must be torch\.float32, got torch\.float16"),
     "state2 absmax count": (lambda qs: setattr(qs.state2, "absmax", qs.state2.absmax[:0]), ValueError,
                             r"quant_state\.state2\.absmax holds 0 values, not 1"),
     "state2 blocksize": (lambda qs: setattr(qs.state2, "blocksize", 3), ValueError,
-                         "state2 needs a power-of-two blocksize"),
-    "blocksize": (lambda qs: setattr(qs, "blocksize", 48), ValueError, "blocksize 48 is not a power of two"),
-    "blocksize 1": (lambda qs: setattr(qs, "blocksize", 1), ValueError, "blocksize 1 is not a power of two from 2 up"),
+                         r"quant_state\.state2\.blocksize 3 is not a power of two"),
+    "state2 blocksize not an int": (lambda qs: setattr(qs.state2, "blocksize", 256.0), ValueError,
+                                    r"quant_state\.state2\.blocksize 256\.0 is not a power of two"),
+    "blocksize": (lambda qs: setattr(qs, "blocksize", 48), ValueError,
+                  r"blocksize 48 is not one of bitsandbytes' \(32, 64, 128, 256, 512, 1024, 2048, 4096\)"),
+    "blocksize bitsandbytes refuses": (lambda qs: setattr(qs, "blocksize", 16), ValueError,
+                                       "blocksize 16 is not one of bitsandbytes'"),
+    "blocksize not an int": (lambda qs: setattr(qs, "blocksize", 64.0), ValueError,
+                             "blocksize 64.0 is not one of bitsandbytes'"),
+    "shape not a shape": (lambda qs: setattr(qs, "shape", (64.0, 256)), TypeError,
+                          r"quant_state\.shape \(64\.0, 256\) is not a shape"),
+    "nested, state2 gone": (lambda qs: setattr(qs, "state2", None), ValueError,
+                            r"quant_state\.nested is True but it has no state2"),
+    "not nested, with a state2": (lambda qs: setattr(qs, "nested", False), ValueError,
+                                  r"quant_state\.nested is False but it has a state2"),
+    "state2 nested": (lambda qs: setattr(qs.state2, "nested", True), ValueError,
+                      r"quant_state\.state2 is nested itself"),
     "fewer weights than W packs": (lambda qs: setattr(qs, "shape", torch.Size([32, 256])), ValueError,
                                    r"W has 8192 bytes; \(32, 256\) weights pack into 4096"),
     "state2 dtype": (lambda qs: setattr(qs.state2, "dtype", torch.float16), ValueError,
-                     "state2 needs a power-of-two blocksize and dtype float32, not 256 and torch.float16"),
+                     r"quant_state\.state2\.dtype must be torch\.float32, got torch\.float16"),
     "state2 code count": (lambda qs: setattr(qs.state2, "code", qs.state2.code[:255]), ValueError,
                           r"quant_state\.state2\.code holds 255 values, not 256"),
     "offset not a tensor": (lambda qs: setattr(qs, "offset", 0.5), TypeError,
@@ -147,6 +159,14 @@ def test_cpu_tensor_outside_the_interpreter(kernel):
 def test_field_deleted_after_a_good_call(kernel, layer):
     qs = _state(layer)
     kernel.dequantize_nf4(layer.weight, qs)
-    del qs.code
-    with pytest.raises(ValueError, match=r"quant_state\.code is missing"):
+    del qs.blocksize
+    with pytest.raises(ValueError, match=r"quant_state\.blocksize is missing"):
         kernel.dequantize_nf4(layer.weight, qs)
+
+
+def test_the_codebook_deleted_is_no_error(kernel, layer):
+    # neither bitsandbytes nor the kernel reads quant_state.code: without it both decode as before
+    import bitsandbytes.functional as bnbf
+    qs = _state(layer)
+    del qs.code
+    assert torch.equal(kernel.dequantize_nf4(layer.weight, qs), bnbf.dequantize_4bit(layer.weight, qs))

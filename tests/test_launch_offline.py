@@ -1,14 +1,12 @@
-"""The launch path against the installed Triton's own launcher, without a GPU (launch_offline.py): a kind
-launches by its launcher's own C function, learned without touching the launcher; a plan passes it exactly
-what Triton's launch passes, in the format Triton's C launcher parses; another weight of a kind gets exactly
-Triton's arguments for that weight with no launch by Triton; the key tells apart every pair of weights that
-Triton compiles apart; a plan steps aside for a launch hook (enter or exit), a changed or deleted field, a
-swapped storage and another current GPU, and passes the current stream; each case the launch path's header
-names takes the launches it says; a weight called as W.t() and held gets out.t() each call; a plan leaves a
-W that is no tensor to validation; a quant state no weak reference can watch (a SimpleNamespace) gets
-Triton's bits, bitsandbytes' old list format an error naming it; an error a direct launch raises reaches the
-caller; a kind keeps its compiled kernel alive; two threads' first calls of one kind at once leave Triton
-as it was."""
+"""The launch path against the installed Triton's own JIT and launcher, without a GPU (launch_offline.py, two
+stand-in GPUs): every call passes exactly what Triton's own launch of the freshly validated state passes, in the
+format Triton's C launcher parses; each case the launch path's header names takes the launches it says; each
+per-launch state this Triton has (launch hooks, debug mode, an instrumentation mode, a pre-run hook) sends calls
+to Triton's launch while set; a weight whose GPU is not current launches on its own GPU and stream; every field,
+storage swap and in-place change of W changes the key; the kind key tells apart what Triton compiles apart;
+quant states that are not a QuantState get Triton's arguments, bitsandbytes' old list format an error naming
+it; an error a launch raises reaches the caller; a plan keeps its compiled kernel alive; two threads' first calls
+of one kind at once make one kind."""
 import json
 import subprocess
 import sys
@@ -26,84 +24,15 @@ def report():
 
 
 @pytest.mark.parametrize("layout", ["nested", "plain"])
-def test_a_plan_launches_what_triton_launches(report, layout):
+def test_each_call_launches_what_triton_launches(report, layout):
     case = report[layout]
     assert case["problems"] == [], f"Triton {report['triton']}: {case['problems']}"
-    assert case["first_call_matches_triton"]
-    assert case["kind"] and case["fast"], f"Triton {report['triton']}: no plan"
-    assert case["fast_matches_triton"]
-
-
-@pytest.mark.parametrize("layout", ["nested", "plain"])
-def test_a_kind_launches_by_the_launchers_own_c_function(report, layout):
-    # compiled.run's Python is out of the way on every Triton it runs on, and the copy that learned its
-    # values left compiled.run as it was and launched nothing
-    case = report[layout]
-    assert case["c_launch"], f"Triton {report['triton']}: the kind launches through compiled.run"
-    assert case["launcher_unchanged"]
-
-
-@pytest.mark.parametrize("layout", ["nested", "plain"])
-def test_another_weight_of_the_kind_is_planned_without_triton(report, layout):
-    case = report[layout]
-    assert case["same_key"]
-    assert case["second_weight_launches"] == [0, 1]  # (Triton's launches, direct launches)
-    assert case["second_weight_fast"] and case["second_weight_matches_triton"]
-
-
-@pytest.mark.parametrize("which", ["enter", "exit"])
-@pytest.mark.parametrize("layout", ["nested", "plain"])
-def test_a_hook_set_after_the_first_call_is_honoured(report, layout, which):
-    assert report[layout][f"fast_with_an_{which}_hook_set_later"] is False
-
-
-@pytest.mark.parametrize("layout", ["nested", "plain"])
-def test_a_field_deleted_after_the_first_call_is_left_to_validation(report, layout):
-    assert report[layout]["fast_with_a_field_deleted"] is False
-
-
-@pytest.mark.parametrize("layout", ["nested", "plain"])
-def test_a_plan_sees_every_field_changed(report, layout):
-    assert report[layout]["fields_unseen_when_changed"] == []
-
-
-@pytest.mark.parametrize("layout", ["nested", "plain"])
-def test_a_plan_sees_every_storage_swapped_in_place(report, layout):
-    # `t.data = other` keeps the object and moves its bytes: a plan must not launch on the old ones
-    assert report[layout]["storage_swaps_unseen"] == []
-
-
-@pytest.mark.parametrize("layout", ["nested", "plain"])
-def test_a_plan_steps_aside_while_another_gpu_is_current(report, layout):
-    assert report[layout]["other_gpu_current"] is False
-
-
-@pytest.mark.parametrize("layout", ["nested", "plain"])
-def test_a_direct_launch_runs_on_the_current_stream(report, layout):
-    stream = report[layout]["stream"]
-    assert stream["passed"] == [stream["expected"]] and stream["matches_triton"]
-
-
-@pytest.mark.parametrize("layout", ["nested", "plain"])
-def test_a_plan_takes_the_transposed_view_of_its_weight(report, layout):
-    assert report[layout]["transposed_view_matches_triton"]
-
-
-@pytest.mark.parametrize("layout", ["nested", "plain"])
-def test_a_plan_declines_another_view_of_its_bytes(report, layout):
-    assert report[layout]["other_view_declined"]
-
-
-@pytest.mark.parametrize("layout", ["nested", "plain"])
-def test_a_plan_leaves_a_w_that_is_no_tensor_to_validation(report, layout):
-    assert report[layout]["not_a_tensor_declined"] is True
-
-
-def test_a_weight_called_as_w_t_and_held_gets_out_t_on_every_call(report):
-    # the first call validated (a new kind: Triton's launch), the second by the plan made for W.t() itself
-    case = report["held_transposed"]
-    assert case["launches"] == [[1, 0], [0, 1]] and case["shapes"] == [[256, 40], [256, 40]]
-    assert case["matches_triton"]
+    # (Triton's launches, direct launches): a new kind's first call is Triton's, then its plan's
+    expected = {"first call": [1, 0], "plan": [0, 1], "W.t(), first": [0, 1], "W.t(), plan": [0, 1]}
+    for name, launches in expected.items():
+        assert case[name]["launches"] == launches and case[name]["matches_triton"], (name, case[name])
+    assert case["W.t(), plan"]["shape"] == case["plan"]["shape"][::-1]
+    assert case["another weight of the kind"] == {"launches": [0, 1], "matches_triton": True}
 
 
 def test_each_case_the_header_names_takes_the_launches_it_says(report):
@@ -111,51 +40,61 @@ def test_each_case_the_header_names_takes_the_launches_it_says(report):
     paths = report["paths"]
     assert paths["a new kind"] == [[1, 0]]
     assert paths["a plan that holds"] == [[0, 1], [0, 1]]
-    assert paths["a weight with no plan"] == [[0, 1], True]  # its plan kept
-    assert paths["a plan that declined (a new kind)"] == [[1, 0], [0, 1]]
-    assert paths["a quant state without weak references"] == [[0, 1], [0, 1], False]
-    assert paths["an offset converted for the call"] == [[0, 1], [0, 1], False]
-    for case in ("NF4_FAST_LAUNCH=0", "torch.compile", "a launch hook set"):
+    assert paths["a new key of a known kind"] == [[0, 1], True]  # validated, then the kind's kernel; plan kept
+    assert paths["a new key of a new kind"] == [[1, 0], [0, 1]]
+    assert paths["a SimpleNamespace quant state"] == [[0, 1], [0, 1], True]
+    assert paths["an offset converted for the call"] == [[0, 1], [0, 1], False]  # no plan: each call validated
+    for case in ("NF4_FAST_LAUNCH=0", "torch.compile", "a launch enter hook", "a launch exit hook", "debug mode",
+                 "a pre-run hook"):
         assert paths[case] == [[1, 0], [1, 0]], case
+    assert paths["CONFIG_OVERRIDE set"] == [[1, 0], [0, 1]]  # another configuration: another kind, then its plan
     assert paths["after all that, the plan"] == [[0, 1]]
 
 
-def test_nothing_is_learned_while_a_launch_hook_is_set(report):
-    case = report["with_launch_hook"]
-    assert case == {"triton_launches": 1, "kind": False, "output": [64, 256], "fast": False}
+def test_every_per_launch_state_of_this_triton_sends_calls_to_tritons_launch(report):
+    # set after a plan exists: Triton's launch, with Triton's arguments (its hooks called); cleared: the plan
+    states = report["triton_state"]
+    names = {"a launch enter hook", "a launch exit hook", "debug mode", "a pre-run hook"}
+    if tuple(int(part) for part in report["triton"].split(".")[:2]) >= (3, 6):
+        names.add("an instrumentation mode")
+    assert names <= set(states), sorted(states)
+    for name in names:
+        assert states[name] == {"launches": [1, 0], "matches_triton": True, "after": [0, 1]}, (name, states[name])
+    assert states["hook calls"] > 0
 
 
-def test_a_kind_first_seen_without_a_plan_launches_directly_after(report):
-    # the first weight's fp16 offset is converted (this call's alone): no plan for it, but its later calls
-    # launch directly, and a weight of the same kind is planned
-    case = report["converted_offset_first"]
-    assert case["launches"] == [[1, 0], [0, 1]] and case["kind"] and not case["fast"]
-    assert case["same_key"] and case["other_weight_launches"] == [[0, 1]] and case["other_weight_fast"]
+@pytest.mark.parametrize("case", ["on GPU 1, GPU 0 current", "on GPU 0, GPU 1 current"])
+def test_a_weight_on_the_gpu_that_is_not_current_launches_on_its_own(report, case):
+    # a model split over two GPUs: the first call (Triton's) and the plan's launch with the weight's GPU current
+    # and that GPU's stream, and leave the current GPU as it was
+    gpu, current = int(case[7]), int(case[14])
+    first, plan = report["another_gpu"][case]
+    for row in (first, plan):
+        assert row["gpus"] == [gpu] and row["streams"] == [0x5EED + gpu], row
+        assert row["current_after"] == current and row["matches_triton"], row
+    assert first["launches"] == [1, 0] and plan["launches"] == [0, 1]
+
+
+def test_every_change_a_launch_depends_on_changes_the_key(report):
+    # each field set to another value or deleted, each tensor's storage swapped or reinterpreted at its address
+    # (another dtype, fewer values, stride 0), W.t_(), a list shape: a plan must never answer them
+    assert report["key_changes"] == []
 
 
 def test_the_key_tells_apart_what_triton_compiles_apart(report):
     sweep = report["sweep"]
     assert sweep["keys_with_two_kernels"] == 0, f"Triton {report['triton']}: one key, two compiled kernels"
     assert sweep["kernels"] > 1 and sweep["keys"] >= sweep["kernels"]
+    for name, row in sweep["rows"].items():
+        assert row["matches_triton"] and row["launches"][1] == [0, 1], (name, row)
+        # only the converted fp64 offset (a temporary tensor, its call's alone) leaves no plan
+        assert row["planned"] == (name != "fp64 offset"), (name, row)
 
 
-def test_every_plan_in_the_sweep_passes_what_triton_passes(report):
-    rows = report["sweep"]["rows"]
-    assert all(row["matches_triton"] for row in rows.values())
-    assert all(row["fast_matches_triton"] for row in rows.values() if row["fast"])
-    # only the converted fp64 offset (a temporary tensor, this call's alone) has no plan
-    assert [name for name, row in rows.items() if not row["fast"]] == ["fp64 offset"]
-
-
-def test_a_quant_state_without_weak_references_gets_tritons_bits(report):
-    # nothing can watch it, so no plan: each call is validated, then launched directly, nothing raised or warned
-    case = report["other_quant_states"]["SimpleNamespace"]
-    assert case == {"matches_triton": True, "later_call_launches": 1, "warnings": [], "plan": False}
-
-
-def test_a_quantstate_whose_state2_is_a_simplenamespace_is_planned(report):
-    case = report["other_quant_states"]["QuantState, state2 a SimpleNamespace"]
-    assert case == {"matches_triton": True, "later_call_launches": 1, "warnings": [], "plan": True}
+@pytest.mark.parametrize("form", ["SimpleNamespace", "QuantState, state2 a SimpleNamespace"])
+def test_a_quant_state_that_is_not_a_quantstate_gets_tritons_arguments_and_a_plan(report, form):
+    case = report["other_quant_states"][form]
+    assert case["matches_triton"] and case["warnings"] == [] and case["launches"][1] == [0, 1], case
 
 
 @pytest.mark.parametrize("form", ["list, state2 an object", "list, state2 a list", "list, plain absmax"])
@@ -166,24 +105,29 @@ def test_bitsandbytes_list_format_is_refused_naming_it_and_what_to_pass(report, 
     assert "pass a QuantState" in message
 
 
-def test_an_error_a_direct_launch_raises_reaches_the_caller(report):
-    # as Triton's own launch's would (a sticky CUDA error): nothing warned or given up, and the weight's
-    # later calls launch directly again, with Triton's bits
-    case = report["direct_launch_raises"]
-    assert case["error"] == "CUDA error: an illegal memory access was encountered"
-    assert case["warnings"] == [] and case["planned"]
-    assert case["launches"] == [1, 1] and case["matches_triton"]
+def test_an_error_a_launch_raises_reaches_the_caller(report):
+    # as Triton's own launch's would (a sticky CUDA error): nothing warned or given up, and the weight's later
+    # calls take its plan again, with Triton's arguments
+    case = report["a_launch_raises"]
+    assert case == {"error": "CUDA error: an illegal memory access was encountered", "warnings": [],
+                    "launches": [[0, 1], [0, 1]], "matches_triton": True}
 
 
-def test_a_kind_keeps_its_compiled_kernel_alive(report):
-    # Triton 3.9 unloads a compiled kernel's module when the object dies: the function a plan launches
-    # must outlive Triton's own cache of it
-    assert report["compiled_kernel_lifetime"] == {"alive": True, "matches_triton": True}
+def test_a_weight_called_as_w_t_and_held_gets_out_t_on_every_call(report):
+    case = report["held_transposed"]
+    assert case == {"launches": [[1, 0], [0, 1]], "shapes": [[256, 40], [256, 40]], "matches_triton": True}
+
+
+def test_a_plan_keeps_its_compiled_kernel_alive(report):
+    # Triton 3.9 unloads a compiled kernel's module when the object dies: the function a plan launches must
+    # outlive Triton's own cache of it
+    assert report["compiled_kernel_lifetime"] == {"alive": True, "launches": [0, 1], "matches_triton": True}
 
 
 def test_two_threads_first_calls_of_one_kind_at_once(report):
     case = report["two_threads_first_call"]
-    assert case == {"interleaved": True, "kind": True, "launcher_unchanged": True, "outputs": ["first", "second"]}
+    assert case == {"interleaved": True, "new_kinds": 1, "outputs": ["first", "second"],
+                    "later_calls_match_triton": True}
 
 
 def test_t4_codes_sm75_launch_passes_what_triton_passes(report):

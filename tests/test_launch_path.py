@@ -27,10 +27,20 @@ def _layer(shape=(96, 320), dtype=torch.bfloat16, seed=0):
     return helpers.make_layer(*shape, dtype, device=DEVICE, seed=seed)
 
 
+def _plan(kernel, W, qs):
+    """The launch path's plan for W and qs as they read now, or None."""
+    try:
+        return kernel._plans.get(kernel.key_of(W, qs))
+    except (AttributeError, TypeError):  # a field gone or unhashable: no key
+        return None
+
+
 def _fast(kernel, W, qs):
-    """What the launch path's plan for qs gives for W, or None where there is none or it declines."""
-    plan = kernel._plans.get(kernel._identity(qs))
-    return plan(W, qs) if plan is not None else None
+    """What the launch path's plan for W and qs gives, or None where there is none."""
+    plan = _plan(kernel, W, qs)
+    if plan is None:
+        return None
+    return kernel.launch(plan, torch.empty_strided(plan.shape, plan.strides, dtype=plan.dtype, device=plan.device))
 
 
 def _assert_bnb(out, W, qs):
@@ -181,16 +191,20 @@ def test_bitsandbytes_table_is_kept_once_per_device_and_quant_type(kernel):
 
 
 @pytest.mark.gpu  # (the interpreter makes no plans)
-def test_a_plan_lives_as_long_as_its_quant_state(kernel):
-    layer = _layer(seed=26)
-    qs = layer.weight.quant_state
-    key = kernel._identity(qs)
-    for _ in range(2):
+def test_a_plan_holds_no_tensor_and_the_plans_kept_are_bounded(kernel, monkeypatch):
+    # a plan is numbers read off W and its quant state (no tensor, so nothing stays on the GPU through it); at
+    # most PLANS_KEPT are kept, then all are dropped and each weight plans again on its next call
+    layers = [_layer(shape=(32, 64), seed=26 + i) for i in range(5)]
+    kernel.triton_dequantize_nf4(layers[0])
+    plan = _plan(kernel, layers[0].weight, layers[0].weight.quant_state)
+    assert plan is not None and not any(isinstance(value, torch.Tensor) for value in plan)
+    monkeypatch.setattr(kernel, "PLANS_KEPT", 3)
+    kernel._plans.clear()
+    for layer in layers:
         kernel.triton_dequantize_nf4(layer)
-    assert key in kernel._plans
-    del layer, qs
-    gc.collect()
-    assert key not in kernel._plans, "a plan outlived its QuantState"
+        assert 1 <= len(kernel._plans) <= 3
+    for layer in layers:
+        _assert_bnb(kernel.triton_dequantize_nf4(layer), layer.weight, layer.weight.quant_state)
 
 
 @pytest.mark.gpu
@@ -320,8 +334,19 @@ for name, shape in (("new kind, first call", (384, 512)), ("warm weight", (384, 
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    results[name] = {{"replayed_exact": torch.equal(out, reference),
-                     "eager_after_exact": torch.equal(kernel.triton_dequantize_nf4(layer), reference)}}
+    planned_in_capture = kernel._plans.get(kernel.key_of(W, qs)) is not None
+    # the freed blocks reused by small tensors, then the graph deleted and the cache emptied: every eager
+    # call after must still read what it should (a plan kept from the capture would read the graph's table)
+    garbage = [torch.full((16,), float("nan"), device="cuda") for _ in range(256)]
+    eager = [torch.equal(kernel.triton_dequantize_nf4(layer), reference) for _ in range(2)]
+    del graph
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    garbage += [torch.full((16,), float("nan"), device="cuda") for _ in range(256)]
+    eager += [torch.equal(kernel.triton_dequantize_nf4(layer), reference) for _ in range(2)]
+    torch.cuda.synchronize()
+    results[name] = {{"replayed_exact": torch.equal(out, reference), "eager_after_exact": all(eager),
+                     "planned_in_capture": planned_in_capture}}
 results["tables_kept"] = len(kernel._TABLES)
 print(json.dumps(results))
 """
@@ -334,8 +359,12 @@ def test_calls_captured_in_a_cuda_graph_replay_bitsandbytes_bits(tmp_path):
     result = _in_a_fresh_process(tmp_path, CAPTURED)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    for name in ("new kind, first call", "warm weight"):
-        assert report[name] == {"replayed_exact": True, "eager_after_exact": True}, (name, report)
+    # a process's first call, captured, copies the table into its graph alone: it keeps no plan, and the
+    # eager calls after read the table they keep, also once the graph's memory is freed and reused
+    assert report["new kind, first call"] == {"replayed_exact": True, "eager_after_exact": True,
+                                              "planned_in_capture": False}, report
+    assert report["warm weight"] == {"replayed_exact": True, "eager_after_exact": True,
+                                     "planned_in_capture": True}, report
     assert report["tables_kept"] == 1  # the table copied into the first graph is not kept; eager made one
 
 
@@ -438,8 +467,7 @@ def test_eager_and_compiled_calls_launch_one_configuration(kernel, monkeypatch, 
 
 @pytest.mark.gpu
 def test_a_field_emptied_after_its_tensor_died_is_not_replayed(kernel):
-    # a plan watches tensors by weak reference: once one has died, a field set to None must not compare
-    # equal to the dead reference (which also answers None): the call goes to Triton's path, which names it
+    # a field set to None (its tensor dies) leaves no key: validation answers, naming it
     layer = _layer(seed=32)
     W, qs = layer.weight, layer.weight.quant_state
     for _ in range(2):
@@ -456,9 +484,9 @@ def _other_forms(qs):
     """The quant state's fields in forms people pass besides a QuantState: a SimpleNamespace (its
     state2 too), and a QuantState whose state2 is a SimpleNamespace."""
     state2 = types.SimpleNamespace(absmax=qs.state2.absmax, code=qs.state2.code, blocksize=qs.state2.blocksize,
-                                   dtype=qs.state2.dtype)
+                                   dtype=qs.state2.dtype, nested=False)
     fields = {name: getattr(qs, name) for name in ("absmax", "code", "quant_type", "offset", "dtype", "shape",
-                                                   "blocksize")}
+                                                   "blocksize", "nested")}
     with_namespace_state2 = copy.copy(qs)
     with_namespace_state2.state2 = state2
     return {"SimpleNamespace": types.SimpleNamespace(state2=state2, **fields),
@@ -467,15 +495,23 @@ def _other_forms(qs):
 
 @pytest.mark.parametrize("form", ["SimpleNamespace", "state2 a SimpleNamespace"])
 def test_a_quant_state_that_is_not_a_quantstate_gets_bitsandbytes_bits(kernel, form):
-    # unsloth's launcher dequantizes these; ours must too, on every call, and raise nothing
+    # unsloth's launcher dequantizes these; ours must too, on every call, and raise nothing; their fields are
+    # read as a QuantState's, so they are planned alike (on a GPU: the interpreter plans nothing)
     layer = _layer(seed=40)
     W, qs = layer.weight, layer.weight.quant_state
     other = _other_forms(qs)[form]
     for _ in range(3):
         _assert_bnb(kernel.dequantize_nf4(W, other), W, qs)
-    # no weak reference can watch a SimpleNamespace: no plan; a QuantState is watched, whatever its state2
-    planned = kernel._identity(other) in kernel._plans
-    assert planned == (form != "SimpleNamespace" and DEVICE == "cuda")
+    assert (_plan(kernel, W, other) is not None) == (DEVICE == "cuda")
+
+
+def test_a_quant_state_without_nested_is_refused_as_bitsandbytes_refuses_it(kernel):
+    # bitsandbytes' dequantize_4bit decides double quantization by quant_state.nested: without it, it raises
+    layer = _layer(seed=41)
+    other = _other_forms(layer.weight.quant_state)["SimpleNamespace"]
+    del other.nested
+    with pytest.raises(ValueError, match=r"quant_state\.nested is missing"):
+        kernel.dequantize_nf4(layer.weight, other)
 
 
 @pytest.mark.parametrize("state2", ["object", "list", "none"])
@@ -492,93 +528,82 @@ def test_bitsandbytes_list_format_is_refused_naming_it(kernel, state2):
         kernel.dequantize_nf4(layer.weight, listed)
 
 
-@pytest.mark.gpu  # (the interpreter makes no plans)
-def test_a_kind_launches_by_its_launchers_c_function_and_its_errors_reach_the_caller(kernel):
-    # on this GPU's Triton a kind launches by the C function compiled.run calls; an error that function
-    # raises reaches the caller, nothing warned or given up, and the next call launches directly again
-    layer = _layer((80, 320), seed=43)
-    for _ in range(2):
-        kernel.triton_dequantize_nf4(layer)
-    plan = kernel._plans[kernel._identity(layer.weight.quant_state)]
-    assert plan.kind.launch is plan.kind.compiled.run.launch
-    kind = plan.kind
+class _RaisingLaunch:
+    """A compiled kernel whose launcher raises (a sticky CUDA error, say)."""
+    function, packed_metadata = 0, ()
 
-    def failing_launch(*values):
+    @staticmethod
+    def run(*values):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    plan.kind = kind._replace(launch=failing_launch)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with pytest.raises(RuntimeError, match="an illegal memory access"):
-            kernel.triton_dequantize_nf4(layer)
-    plan.kind = kind
-    _assert_bnb(kernel.triton_dequantize_nf4(layer), layer.weight, layer.weight.quant_state)
-    assert _fast(kernel, layer.weight, layer.weight.quant_state) is not None
+
+@pytest.mark.gpu  # (the interpreter makes no plans)
+def test_an_error_a_plans_launch_raises_reaches_the_caller(kernel):
+    # as Triton's own launch's would: nothing warned or given up, and once launches work the plan is used again
+    layer = _layer((80, 320), seed=43)
+    W, qs = layer.weight, layer.weight.quant_state
+    kernel.triton_dequantize_nf4(layer)
+    key = kernel.key_of(W, qs)
+    plan = kernel._plans[key]
+    kernel._plans[key] = plan._replace(compiled=_RaisingLaunch())
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(RuntimeError, match="an illegal memory access"):
+                kernel.triton_dequantize_nf4(layer)
+    finally:
+        kernel._plans[key] = plan
+    _assert_bnb(kernel.triton_dequantize_nf4(layer), W, qs)
+    assert torch.cuda.current_device() == 0
 
 
-class _Launcher:
-    """compiled.run as Triton builds it, for kind_of: its C function `launch` gets the grid, the stream,
-    the function, two flags, the metadata and the kernel's arguments, one by one or (`packed`, Triton
-    3.7+) as one tuple; `layout` rearranges what it passes, `raises` is raised by a call."""
-
-    def __init__(self, packed=False, layout=None, raises=None, **sizes):
-        self.launched, self.packed, self.layout, self.raises = [], packed, layout, raises
-        self.launch = self.c_launch
-        self.__dict__.update(sizes)
-
-    def c_launch(self, *values):
-        self.launched.append(values)
-
-    def __call__(self, x, y, z, stream, function, metadata, launch_metadata, enter, leave, *arguments):
-        if self.raises is not None:
-            raise self.raises
-        values = (x, y, z, stream, function, False, True, metadata,
-                  *((tuple(arguments),) if self.packed else arguments))
-        self.launch(*(self.layout(values) if self.layout else values))
+def _two_gpus():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
 
 
-def _kind_of(kernel, launcher):
-    compiled = types.SimpleNamespace(run=launcher, function=0xF00D, packed_metadata=(4, 1, 0))
-    return kernel.kind_of(compiled, (8, 1, 1), [0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000, 512, 64, True])
+@pytest.mark.gpu
+@pytest.mark.parametrize("current", [0, 1])
+def test_a_weight_on_the_gpu_that_is_not_current_gets_bitsandbytes_bits(kernel, current):
+    # a model split over two GPUs (accelerate's device_map="auto" makes no layer's GPU current): every call,
+    # the first and its plan's, gives bitsandbytes' bits and leaves the current GPU as it was
+    _two_gpus()
+    layer = helpers.make_layer(96, 320, torch.bfloat16, device=f"cuda:{1 - current}", seed=44)
+    W, qs = layer.weight, layer.weight.quant_state
+    torch.cuda.set_device(current)
+    try:
+        for _ in range(3):
+            out = kernel.triton_dequantize_nf4(layer)
+            assert out.device == W.device and torch.cuda.current_device() == current
+            _assert_bnb(out, W, qs)
+        assert _plan(kernel, W, qs) is not None
+    finally:
+        torch.cuda.set_device(0)
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["one by one", "one tuple"])
-def test_a_kind_launches_by_the_c_function_with_what_the_launcher_passes_it(kernel, packed):
-    launcher = _Launcher(packed=packed)
-    kind = _kind_of(kernel, launcher)
-    assert kind.launch == launcher.c_launch and kind.packed is packed
-    assert launcher.launched == [] and launcher.launch == launcher.c_launch  # the copy recorded, nothing launched
-    assert kind.after_output == (512, 64, True)
-    arguments = (0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x9000, 512, 64, True)
-    launcher(8, 1, 1, 0x5EED, 0xF00D, (4, 1, 0), None, None, None, *arguments)  # as Triton launches it
-    kind.launch(*kind.grid, 0x5EED, *kind.fixed, *((arguments,) if packed else arguments))  # as a plan does
-    assert launcher.launched[0] == launcher.launched[1]
-
-
-FALLBACKS = {
-    "global scratch": {"global_scratch_size": 128},
-    "profile scratch": {"profile_scratch_size": 64},
-    "a launcher that raises": {"raises": RuntimeError("no allocator was set")},
-    "the stream moved": {"layout": lambda values: (values[4], *values[:4], *values[5:])},
-    "an argument appended": {"layout": lambda values: (*values, 0xABC)},
-    "the grid changed": {"layout": lambda values: (values[0] * 2, *values[1:])},
-}
-
-
-@pytest.mark.parametrize("case", FALLBACKS, ids=list(FALLBACKS))
-def test_a_kind_launches_through_compiled_run_where_the_c_functions_values_may_vary(kernel, case):
-    launcher = _Launcher(**FALLBACKS[case])
-    kind = _kind_of(kernel, launcher)
-    assert kind.launch is launcher and not kind.packed
-    assert kind.fixed == (0xF00D, (4, 1, 0), None, None, None)  # function, metadata, no hooks
-    assert launcher.launched == [] and launcher.launch == launcher.c_launch
-
-
-def test_a_launcher_without_a_c_function_attribute_is_called_itself(kernel):
-    def launcher(*values):
-        raise AssertionError("kind_of called the launcher itself")
-    kind = _kind_of(kernel, launcher)
-    assert kind.launch is launcher and not hasattr(launcher, "launch")
+@pytest.mark.gpu
+def test_a_weight_on_the_gpu_that_is_not_current_launches_on_its_gpus_current_stream(kernel):
+    # GPU 1's current stream captures a CUDA graph while GPU 0 is current: a launch on any other stream, or on
+    # GPU 0, would run at once (or fail) instead of being captured; the replay gives bitsandbytes' bits
+    _two_gpus()
+    layer = helpers.make_layer(96, 320, torch.float16, device="cuda:1", seed=45)
+    W, qs = layer.weight, layer.weight.quant_state
+    reference = bnbf.dequantize_4bit(W, qs)
+    kernel.triton_dequantize_nf4(layer)  # the plan made (and the table kept) before the capture
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream(device=1)
+    torch.cuda.synchronize(1)
+    try:
+        with torch.cuda.graph(graph, stream=stream):  # (makes GPU 1 current)
+            torch.cuda.set_device(0)
+            out = kernel.triton_dequantize_nf4(layer)
+            assert torch.cuda.current_device() == 0
+            torch.cuda.set_device(1)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize(1)
+    finally:
+        torch.cuda.set_device(0)
+    assert torch.equal(out, reference)
 
 
 STICKY_ERROR = """
@@ -590,7 +615,7 @@ kernel = load_kernel_cells()
 layer = helpers.make_layer(256, 512, torch.bfloat16)
 for _ in range(2):
     kernel.triton_dequantize_nf4(layer)
-assert kernel._identity(layer.weight.quant_state) in kernel._plans
+assert kernel._plans.get(kernel.key_of(layer.weight, layer.weight.quant_state)) is not None
 torch.zeros(4, device="cuda")[torch.tensor([64], device="cuda")] = 1.0  # a device-side assert: sticky
 try:
     torch.cuda.synchronize()
@@ -638,35 +663,25 @@ def test_a_first_call_inside_graph_capture_keeps_no_table_and_never_syncs(kernel
 
 
 def test_every_input_of_a_launch_tells_kinds_apart(kernel, monkeypatch):
-    # a kind's compiled kernel launches every later weight of the kind: whatever Triton specializes on, or the
-    # launch is made with, must give another kind
+    # a kind's compiled kernel launches every later weight of the kind: whatever Triton specializes on (each
+    # tensor's dtype and address mod 16, every other argument, constexpr and option), the GPU and the kernel
+    # must give another kind
     layer = _layer(seed=90)
-    layout = kernel.validate(layer.weight, layer.weight.quant_state).layout
-    config, capability = kernel.DEFAULT_CONFIG, (9, 0)
-    addresses = [tensor.data_ptr() for tensor in kernel.kernel_inputs(layout)] + [0]
-    base = kernel.kind_key(layout, config, capability, addresses)
-    assert kernel.kind_key(layout, config, capability, list(addresses)) == base
-
-    class OnAnotherGpu:
-        dtype = layout.packed.dtype
-
-        def get_device(self):
-            return layout.packed.get_device() + 1
-
+    layout = kernel.validate(layer.weight, layer.weight.quant_state)
+    out = torch.empty(layout.shape, dtype=layout.dtype, device=DEVICE)
+    grid, args, constexprs, options = kernel.launch_arguments(layout, out, kernel.DEFAULT_CONFIG, (9, 0))
+    base = kernel.kind_key(args, constexprs, options, 0)
+    assert kernel.kind_key(tuple(args), dict(constexprs), dict(options), 0) == base
+    shifted = torch.empty(args[1].numel() + 4, dtype=torch.uint8, device=DEVICE)[4:]  # 4 bytes off 16
     changed = {
-        "config": (layout, config._replace(num_warps=8), capability, addresses),
-        "capability": (layout, config, (8, 0), addresses),
-        "shape": (layout._replace(shape=torch.Size([layout.shape[0] * 2, layout.shape[1]])), config, capability,
-                  addresses),
-        "dtype": (layout._replace(dtype=torch.float16), config, capability, addresses),
-        "absmax dtype": (layout._replace(absmax=layout.absmax.float()), config, capability, addresses),
-        "offset dtype": (layout._replace(offset=layout.offset.double()), config, capability, addresses),
-        "blocksize": (layout._replace(blocksize=128), config, capability, addresses),
-        "blocksize2": (layout._replace(blocksize2=512), config, capability, addresses),
-        "GPU": (layout._replace(packed=OnAnotherGpu()), config, capability, addresses),
-        "an address off 16 bytes": (layout, config, capability, [addresses[0] + 4, *addresses[1:]]),
+        "a tensor's dtype": ((args[0], args[1].view(torch.int8), *args[2:]), constexprs, options, 0),
+        "a tensor's address mod 16": ((args[0], shifted, *args[2:]), constexprs, options, 0),
+        "n": ((*args[:-1], args[-1] + 16), constexprs, options, 0),
+        "a constexpr": (args, {**constexprs, "BLOCKSIZE": 128}, options, 0),
+        "an option": (args, constexprs, {**options, "num_warps": 8}, 0),
+        "the GPU": (args, constexprs, options, 1),
     }
     for name, arguments in changed.items():
         assert kernel.kind_key(*arguments) != base, name
     monkeypatch.setattr(kernel, "_dequantize_4bit_kernel", types.SimpleNamespace(fn=lambda: None))
-    assert kernel.kind_key(layout, config, capability, addresses) != base, "another kernel"
+    assert kernel.kind_key(args, constexprs, options, 0) != base, "another kernel"

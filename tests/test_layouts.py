@@ -65,7 +65,7 @@ def test_the_launch_takes_int64_offsets_from_2_31_weights_and_no_fma_without_ptx
     # int64 where the last tile reaches 2**31 weights, and without inline PTX (the interpreter, a config
     # without it) Triton may not contract the scale's product and sum into an FMA
     layer = helpers.make_layer(64, 256, torch.bfloat16, device=DEVICE)
-    layout = kernel.validate(layer.weight, layer.weight.quant_state).layout
+    layout = kernel.validate(layer.weight, layer.weight.quant_state)
     config = kernel.DEFAULT_CONFIG
     tile = config.weights_per_program
     for n, wide in ((2**31 - tile, True), (2**31 - 2 * tile, False)):

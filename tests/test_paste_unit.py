@@ -18,8 +18,9 @@ from conftest import ROOT
 from benchmarks.cells import NOTEBOOK, PASTE_UNIT, kernel_cell_sources
 
 # How the paste unit must read (people paste and maintain it): plain code, in numbers
-PASTE_UNIT_LINES = 600  # the kernel, its wrapper and its launch path, comments included
-LAUNCH_CELL_LINES = 200  # the launch path alone
+PASTE_UNIT_LINES = 560  # the kernel, its wrapper and its launch path, comments included
+LAUNCH_CELL_LINES = 150  # the launch path alone
+HEADER_LINES = 12       # the launch path's opening comment: its rule, then the private APIs it uses
 MEAN_CODE_LINE = 60     # characters, over lines that are neither blank nor a comment
 MAX_LAMBDAS = 2
 MAX_SHORT_NAMES = 4     # names of one or two characters, beyond these:
@@ -29,7 +30,7 @@ GPU = torch.cuda.is_available()
 EXACT_CHECK = textwrap.dedent("""
     import bitsandbytes as bnb, bitsandbytes.functional as bnbf, json, torch
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    results, layers = {}, []  # the layers kept: a plan lives as long as its QuantState
+    results, layers = {}, []
     for out, inp, dtype in ((64, 256, torch.float16), (32, 320, torch.bfloat16), (1, 128, torch.float32)):
         torch.manual_seed(out)
         layer = bnb.nn.Linear4bit(inp, out, bias=None, compute_dtype=dtype, quant_type="nf4").to(device)
@@ -110,9 +111,10 @@ def test_the_paste_unit_reads_plainly_and_generates_no_code():
     assert "fast-launch" not in tags, "a launch-path cell outside the paste unit"
 
 
-def test_the_launch_path_opens_with_a_header_naming_every_private_api_it_uses():
-    # every torch._C name any cell uses and the compiled kernel's launcher, as unsloth's triton_launch.py
-    # opens; what the header says each case takes is held by what the code does, in
+def test_the_launch_path_opens_with_its_rule_and_every_private_api_it_uses():
+    # the rule first ("a plan launches only on what this call checked"), then every torch._C name any cell uses
+    # and the Triton internals the launch path reads, as unsloth's triton_launch.py opens; what the header says
+    # each case takes is held by what the code does, in
     # test_launch_offline.py::test_each_case_the_header_names_takes_the_launches_it_says
     cells = kernel_cell_sources(NOTEBOOK, PASTE_UNIT)
     launch_path = cells[-1].splitlines()
@@ -121,22 +123,26 @@ def test_the_launch_path_opens_with_a_header_naming_every_private_api_it_uses():
         if not line.startswith("#"):
             break
         header.append(line)
+    assert len(header) <= HEADER_LINES, f"the header is {len(header)} lines"
     text = " ".join(line.lstrip("# ") for line in header)
+    assert text.startswith("The rule: a plan launches only on what this call checked.")
     source = "\n".join(cells)
-    used = {"CompiledKernel.run", ".function", ".packed_metadata"}
+    used = {"CompiledKernel.run", ".function", ".packed_metadata", "arg_names", "pre_run_hooks", "knobs"}
     assert "compiled.run" in source and "compiled.function" in source and "compiled.packed_metadata" in source
+    assert ".arg_names" in source and ".pre_run_hooks" in source and "triton, \"knobs\"" in source
     used |= set(re.findall(r"torch\._C\.(\w+)", source))  # torch._C.name
     used |= set(re.findall(r"getattr\(torch\._C, \"(\w+)\"", source))  # getattr(torch._C, "name", None)
-    assert used >= {"_data_address", "_cuda_getCurrentRawStream", "_cuda_getDevice", "DisableTorchFunctionSubclass"}
+    assert used >= {"_cuda_exchangeDevice", "_cuda_getCurrentRawStream", "DisableTorchFunctionSubclass"}
     missing = sorted(name for name in used if name not in text)
     assert not missing, f"private APIs the cells use that the header does not name: {missing}"
 
 
 def test_without_a_private_torch_entry_every_call_is_tritons_launch(tmp_path):
     # the header's promise: a torch._C entry the launch path needs is missing (another torch), so FAST_LAUNCH
-    # is off and every call is Triton's. _data_address stands for the three: torch's own torch.cuda and
-    # Triton's driver call the other two, so deleting those would break them, not only the launch path
-    entry = "_data_address"
+    # is off and every call is Triton's. _cuda_exchangeDevice stands for the three: Triton's driver calls the
+    # other two, so deleting those would break it, not only the launch path (the weights here are on the
+    # current GPU: nothing calls _cuda_exchangeDevice but the launch path)
+    entry = "_cuda_exchangeDevice"
     pasted = tmp_path / "pasted.py"
     pasted.write_text(f"import torch\nif hasattr(torch._C, {entry!r}):\n    delattr(torch._C, {entry!r})\n" + _paste_unit() + "\n" + EXACT_CHECK
                       + "results['fast_launch'] = FAST_LAUNCH\nprint(json.dumps(results))\n")
@@ -149,7 +155,7 @@ def test_without_a_private_torch_entry_every_call_is_tritons_launch(tmp_path):
 def test_nf4_fast_launch_0_leaves_every_call_to_tritons_launch(tmp_path, setting):
     # the header's promise, read where the cells are pasted; the torch._C entries the launch path needs are
     # stood in for where this torch lacks them (a CPU build), so only the setting decides
-    stand_ins = ("import torch\nfor name in ('_data_address', '_cuda_getCurrentRawStream', '_cuda_getDevice'):\n"
+    stand_ins = ("import torch\nfor name in ('_cuda_exchangeDevice', '_cuda_getCurrentRawStream', '_cuda_getDevice'):\n"
                  "    if not hasattr(torch._C, name):\n        setattr(torch._C, name, lambda *a: 0)\n")
     pasted = tmp_path / "pasted.py"
     pasted.write_text(stand_ins + _paste_unit() + "\nimport json\nprint(json.dumps({'fast_launch': FAST_LAUNCH}))\n")
@@ -176,8 +182,9 @@ def test_the_paste_unit_alone_is_exact_and_fast(tmp_path):
     pasted.write_text(_paste_unit() + "\n" + EXACT_CHECK + "print(json.dumps(results))\n")
     report = _run(pasted, tmp_path)
     assert all(v for k, v in report.items() if "x" in k), report
-    # on a GPU every weight's later calls go through its plan; the interpreter launches each call
-    assert report["plans"] == (3 if GPU else 0), report
+    # on a GPU every weight's later calls go through a plan, one for W and one for W.t() (the key holds W's
+    # shape); the interpreter launches each call
+    assert report["plans"] == (6 if GPU else 0), report
 
 
 @pytest.mark.skipif(GPU, reason="on a GPU any TRITON_INTERPRET value would move the kernel to the CPU")

@@ -118,12 +118,12 @@ CASES = {
 }
 
 
-def _reference(validated, W, qs):
+def _reference(layout, W, qs):
     import bitsandbytes.functional as bnbf
     reference = bnbf.dequantize_4bit(W, qs)
-    if validated.transposed:
+    if layout.transposed:
         reference = reference.t()
-    assert reference.shape == validated.layout.shape
+    assert reference.shape == layout.shape
     return reference
 
 
@@ -139,8 +139,8 @@ def _otherbits(out, reference):
 @pytest.mark.parametrize("case", list(CASES))
 def test_sm75_build_matches_bitsandbytes_on_silicon(kernel, case):
     W, qs = CASES[case]()
-    validated = kernel.validate(W, qs)
-    layout, reference = validated.layout, _reference(validated, W, qs)
+    layout = kernel.validate(W, qs)
+    reference = _reference(layout, W, qs)
     for config in t4_configs(kernel):
         out75, out_jit, facts = sm75_run(kernel, layout, config)
         assert torch.equal(bits(out75), bits(out_jit)), f"{case} {config}: the sm_75 and sm_xx builds differ"
@@ -237,8 +237,8 @@ def _special_configs(kernel):
 def _comparebits(kernel, W, qs, label, allowed=None):
     """Per configuration (config, values whose bits differ from bitsandbytes' in the sm_75 build,
     in the JIT build); `allowed(out, reference)` marks differences not to count."""
-    validated = kernel.validate(W, qs)
-    layout, reference = validated.layout, _reference(validated, W, qs)
+    layout = kernel.validate(W, qs)
+    reference = _reference(layout, W, qs)
     print(f"{label}: bitsandbytes gives {_describe_values(reference)}")
     results = []
     for config in _special_configs(kernel):

@@ -1,0 +1,711 @@
+"""A stateful differential fuzzer of the launch path (hypothesis' RuleBasedStateMachine): it makes 4-bit
+weights, calls them and changes them the way people do, and compares every call with the reference.
+
+The property, for every call: dequantize_nf4 returns bitsandbytes' tensor (the same bits, shape, strides and
+dtype), or raises the named error ("dequantize_nf4: ...") a fresh validation of the same state raises; never
+other bits, never another exception; a state bitsandbytes refuses is refused; and the current GPU is the one
+before the call.
+
+Two backends, one machine:
+- "gpu": the reference is bitsandbytes' dequantize_4bit of the state as it is then, compared with torch.equal.
+  It is asked only where a fresh validation accepts the state (a state validation refuses may hold tensors
+  bitsandbytes would read out of bounds); where it raises, our call must have raised.
+- "stand-in" (CPU, tests/offline_gpu.py, two stand-in GPUs): no kernel runs, so "the same bits" means that
+  our call made exactly one C launch, with exactly the arguments (and the GPU current) of Triton's own launch
+  of the freshly validated state, made with W's GPU current and its stream by the fuzzer (the stand-in's
+  record of every launch); shape, strides and dtype are bitsandbytes' (on the CPU) where it accepts the state.
+
+What it does, drawn at random (a rule each): make a weight (odd sizes and (1, n), fp16/bf16/fp32, nf4/fp4,
+nested or not, blocksizes 64 to 4096, on either GPU); call it as W or W.t(), on the current stream or
+another, in this thread or another; replace, swap (`t.data = ...`), change in place, reinterpret at the same
+address (another dtype, fewer values, stride 0), delete or set to None each quant-state field; change W
+(`t_()`, `unsqueeze_(0)`, `.data` as a (1, n) view, a stride-0 view, freed and another allocated in its
+place); put everything back; switch the current GPU; set and clear a launch hook, Triton's debug mode, an
+instrumentation mode and a pre-run hook; set CONFIG_OVERRIDE; on a GPU, capture a call in a CUDA graph and
+replay it, then delete the graphs, empty the cache and allocate over the freed blocks.
+
+    python tests/launch_fuzz.py --backend stand-in|gpu [--examples N] [--steps K] [--gpus G] [--fixed-seed]
+
+prints one JSON line: the examples and calls run, the failure hypothesis found (its shortest steps), if any.
+"""
+import argparse
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+BACKEND = "gpu" if "gpu" in sys.argv else "stand-in"
+if BACKEND == "stand-in":
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # bitsandbytes' CPU dequantization, eager (no recompiles)
+    import offline_gpu  # noqa: F401  (before torch and triton are used: it replaces Triton's driver)
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import bitsandbytes as bnb  # noqa: E402
+import bitsandbytes.functional as bnbf  # noqa: E402
+from hypothesis import HealthCheck, settings, strategies as st  # noqa: E402
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rule, run_state_machine_as_test  # noqa: E402
+
+from benchmarks.cells import load_kernel_cells  # noqa: E402
+
+NAMED = "dequantize_nf4: "
+ROWS, COLUMNS = (1, 2, 3, 16, 33), (64, 96, 130, 256, 520)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+BLOCKSIZES = (64, 256, 4096)
+TENSOR_FIELDS = ("absmax", "offset", "code", "state2.absmax", "state2.code")
+OTHER_FIELDS = ("quant_type", "dtype", "shape", "blocksize", "nested", "state2", "state2.blocksize",
+                "state2.dtype")
+SAME_SIZE_DTYPE = {torch.uint8: torch.int8, torch.float32: torch.int32, torch.float16: torch.int16,
+                   torch.bfloat16: torch.float16, torch.float64: torch.int64}
+SAME_SIZE_DTYPE.update({other: dtype for dtype, other in list(SAME_SIZE_DTYPE.items())})
+
+
+class Finding(AssertionError):
+    """A call that broke the property."""
+
+
+class Stats:
+    calls = 0
+    examples = 0
+    outcomes = {}  # "bits through a plan", "bits, validated", "refused" -> count
+
+    @classmethod
+    def count(cls, outcome):
+        cls.outcomes[outcome] = cls.outcomes.get(outcome, 0) + 1
+
+
+# ---------------------------------------------------------------------------------------------- backends
+class StandIn:
+    """Two stand-in GPUs (offline_gpu.py) of capability 7.5; the reference is Triton's own launch's record."""
+    gpus = 2
+
+    def __init__(self):
+        offline_gpu.install(75, gpus=self.gpus)
+        self.kernel = load_kernel_cells()
+        self.kernel.device_capability = lambda device: (7, 5)  # the CPU tensors are the stand-in GPUs'
+        self.device = torch.device("cpu")
+
+    def to_gpu(self, tensor, gpu):
+        """A copy of tensor on stand-in GPU `gpu` (its own storage, as a move makes)."""
+        return offline_gpu.on_gpu(tensor, gpu)
+
+    def gpu_of(self, tensor):
+        return tensor.get_device()
+
+    def current_gpu(self):
+        return offline_gpu.GPUS.current
+
+    def set_current_gpu(self, gpu):
+        offline_gpu.GPUS.exchange(gpu)
+
+    @contextlib.contextmanager
+    def other_stream(self, gpu):
+        offline_gpu.GPUS.streams[gpu] = offline_gpu.STREAM + 0x100 + gpu
+        try:
+            yield
+        finally:
+            offline_gpu.GPUS.streams.pop(gpu, None)
+
+    def call(self, W, q):
+        """Our call: its result or exception, and the launches it made."""
+        del offline_gpu.LAUNCHES[:]
+        try:
+            result = self.kernel.dequantize_nf4(W, q)
+        except Exception as error:  # judged by check()
+            result = error
+        return result, list(offline_gpu.LAUNCHES)
+
+    def expected(self, W, q, validated):
+        """Triton's own launch of the freshly validated state, W's GPU current: its record, and
+        bitsandbytes' output (its shape, strides and dtype) or its exception."""
+        kernel = self.kernel
+        layout = validated
+        out = torch.empty(layout.shape, dtype=layout.dtype)
+        previous = offline_gpu.GPUS.exchange(self.gpu_of(layout.packed))
+        del offline_gpu.LAUNCHES[:]
+        try:
+            kernel.launch_via_triton(layout, out, kernel.launch_config((7, 5)), (7, 5))
+        finally:
+            offline_gpu.GPUS.exchange(previous)
+        record = [_with_output(launch, out) for launch in offline_gpu.LAUNCHES]
+        try:
+            bnb = bnbf.dequantize_4bit(W, q)
+        except RuntimeError:  # its CPU kernel's own limits (a (n, 1) bf16 W.t() it cannot view as
+            bnb = out.t() if validated.transposed else out  # bytes): its CUDA path's layout, by its rule
+        except Exception as error:  # a refusal on every device: a missing field, a value it rejects
+            bnb = error
+        return record, bnb
+
+    def check(self, W, q, validated, ours, launches):
+        record, bnb = self.expected(W, q, validated)
+        if isinstance(bnb, Exception):
+            raise Finding(f"ours returned, bitsandbytes raised {type(bnb).__name__}: {bnb}")
+        mine = [_with_output(launch, ours) for launch in launches]
+        if validated.temporary and len(mine) == len(record) == 1:
+            # the offset converted for each call: its address is that call's own (the GPU compares bits)
+            temporary = validated.offset.data_ptr()
+            mine, record = [_masked(mine[0], record[0], temporary)], [_masked(record[0], record[0], temporary)]
+        if mine != record:
+            raise Finding(f"our launches differ from Triton's for the fresh state:\n ours   {mine}\n Triton {record}")
+        _same_layout(ours, bnb)
+
+
+def _masked(launch, reference, address):
+    """launch with TEMPORARY where reference holds `address` (records of one structure)."""
+    def mask(value, reference_value):
+        if isinstance(value, tuple) and isinstance(reference_value, tuple) and len(value) == len(reference_value):
+            return tuple(mask(v, r) for v, r in zip(value, reference_value))
+        return "TEMPORARY" if reference_value == address and isinstance(reference_value, int) else value
+    return mask(launch, reference)
+
+
+def _with_output(launch, out):
+    """A stand-in launch record with out's address written as OUT (each launch has its own output)."""
+    gpu, arguments = launch
+    address = out.data_ptr()
+
+    def mark(value):
+        if isinstance(value, tuple):
+            return tuple(mark(v) for v in value)
+        return "OUT" if value == address and isinstance(value, int) else value
+    return gpu, mark(arguments)
+
+
+class Gpu:
+    """This machine's GPUs; the reference is bitsandbytes' dequantize_4bit."""
+
+    def __init__(self, gpus):
+        self.gpus = gpus
+        self.kernel = load_kernel_cells()
+        self.device = torch.device("cuda", 0)
+        self.graphs = []
+
+    def to_gpu(self, tensor, gpu):
+        return tensor.to(f"cuda:{gpu}", copy=True)
+
+    def gpu_of(self, tensor):
+        return tensor.get_device()
+
+    def current_gpu(self):
+        return torch.cuda.current_device()
+
+    def set_current_gpu(self, gpu):
+        torch.cuda.set_device(gpu)
+
+    @contextlib.contextmanager
+    def other_stream(self, gpu):
+        """A new stream current on `gpu`, the current GPU left as it was."""
+        current = torch.cuda.current_device()
+        stream = torch.cuda.Stream(device=gpu)
+        stream.wait_stream(torch.cuda.current_stream(gpu))
+        with torch.cuda.stream(stream):  # (makes `gpu` current too)
+            torch.cuda.set_device(current)
+            yield
+        torch.cuda.current_stream(gpu).wait_stream(stream)
+
+    def call(self, W, q):
+        try:
+            return self.kernel.dequantize_nf4(W, q), []
+        except Exception as error:
+            return error, []
+
+    def check(self, W, q, validated, ours, launches):
+        try:
+            bnb = bnbf.dequantize_4bit(W, q)
+        except Exception as error:
+            raise Finding(f"ours returned, bitsandbytes raised {type(error).__name__}: {error}")
+        _same_layout(ours, bnb)
+        if not torch.equal(ours, bnb):
+            differ = (ours != bnb).sum().item()
+            raise Finding(f"{differ} of {bnb.numel()} values differ from bitsandbytes'")
+
+
+def _same_layout(ours, reference):
+    if (ours.shape, ours.stride(), ours.dtype) != (reference.shape, reference.stride(), reference.dtype):
+        raise Finding(f"ours {tuple(ours.shape)} {ours.stride()} {ours.dtype}, bitsandbytes "
+                      f"{tuple(reference.shape)} {reference.stride()} {reference.dtype}")
+
+
+# ---------------------------------------------------------------------------------------------- weights
+class Weight:
+    """A weight the machine made: W (a Params4bit), its quant state, and what they were made with, to put
+    them back: the fields' objects (state2 first) and their storages, W's bytes (a copy on the CPU: W
+    itself may be freed)."""
+
+    def __init__(self, W, q, gpu, label):
+        self.W, self.q, self.gpu, self.label = W, q, gpu, label
+        self.pristine_W = (W.data.cpu().clone(), W.get_device())
+        self.fields = {name: _get(q, name) for name in ("state2",) + TENSOR_FIELDS + OTHER_FIELDS}
+        self.field_data = {name: value.data for name, value in self.fields.items()
+                           if isinstance(value, torch.Tensor)}
+
+    def __repr__(self):
+        return self.label
+
+
+def _owner(q, name):
+    if name.startswith("state2."):
+        return getattr(q, "state2", None), name[len("state2."):]
+    return q, name
+
+
+def _get(q, name):
+    owner, attribute = _owner(q, name)
+    return getattr(owner, attribute, None)
+
+
+def _set(q, name, value):
+    owner, attribute = _owner(q, name)
+    if owner is not None:
+        setattr(owner, attribute, value)
+
+
+def _delete(q, name):
+    owner, attribute = _owner(q, name)
+    if owner is not None and hasattr(owner, attribute):
+        delattr(owner, attribute)
+
+
+# how a tensor field changes: (name, change(tensor) -> replacement or None for an in-place change)
+def _tensor_changes(backend):
+    def other_gpu(t):
+        return backend.to_gpu(t, 1 - backend.gpu_of(t)) if backend.gpus > 1 else t.cpu()
+
+    def same_size_dtype(t):
+        return t.view(SAME_SIZE_DTYPE[t.dtype])
+
+    return {
+        "replaced by an equal copy": lambda t: t.clone(),
+        "t.data = an equal copy": lambda t: _swap(t, t.data.clone()),
+        "t.data = other values": lambda t: _swap(t, _other_values(t)),
+        "other values in place": lambda t: _in_place(t, _other_values(t)),
+        "the same values in place": lambda t: _in_place(t, t.clone()),
+        "same address, another dtype": same_size_dtype,
+        "t.data = same address, another dtype": lambda t: _swap(t, same_size_dtype(t.data)),
+        "same address, fewer values": lambda t: _fewer(t),
+        "t.data = same address, fewer values": lambda t: _swap(t, _fewer(t.data)),
+        "same address, stride 0": lambda t: _stride_0(t),
+        "t.data = same address, stride 0": lambda t: _swap(t, _stride_0(t.data)),
+        "on another device": other_gpu,
+    }
+
+
+def _fewer(t):
+    """A view of t at its address with one value fewer (none, where it holds one)."""
+    flat = t.reshape(-1)
+    return flat[:max(flat.numel() - 1, 0)]
+
+
+def _stride_0(t):
+    """A view of t at its address holding as many values, all its first (stride 0)."""
+    return t.reshape(-1)[:1].expand(t.numel())
+
+
+def _swap(t, data):
+    t.data = data
+    return None  # (the same object, changed)
+
+
+def _in_place(t, values):
+    if t.is_contiguous():  # (a stride-0 view has one value to write)
+        with torch.no_grad():
+            t.copy_(values)
+    return None
+
+
+def _other_values(t):
+    """Values of t's kind, drawn anew: codes for uint8, positive scales for fp32, a table otherwise."""
+    generator = torch.Generator().manual_seed(t.numel() * 7 + 1)
+    if t.dtype == torch.uint8:
+        values = torch.randint(0, 256, t.shape, dtype=torch.uint8, generator=generator)
+    else:
+        values = (torch.rand(t.shape, generator=generator) + 0.5).to(t.dtype)
+    return values.to(t.device)
+
+
+def _other_values_of(name):
+    """Values people set a field that is not a tensor to: valid ones and refused ones."""
+    return {
+        "quant_type": ["nf4", "fp4", "int4", None],
+        "dtype": [torch.float16, torch.bfloat16, torch.float32, torch.int8],
+        "shape": ["list", "list, changed in place", "tuple", "rows doubled", "(1, n)", (64.0, 1)],
+        "blocksize": [64, 128, 4096, 48, 16, 64.0],
+        "nested": [True, False],
+        "state2": [None, "another weight's"],
+        "state2.blocksize": [256, 128, 3, 256.0],
+        "state2.dtype": [torch.float32, torch.float16],
+    }[name]
+
+
+# ---------------------------------------------------------------------------------------------- the machine
+def make_machine(backend):
+    kernel = backend.kernel
+    validations = _Counted(kernel.validate)
+    kernel.validate = validations  # (counted: a call answered by a plan validates nothing)
+    jit = kernel._dequantize_4bit_kernel
+    knobs = getattr(triton, "knobs", None)
+    runtime = getattr(knobs, "runtime", None)
+    tensor_changes = _tensor_changes(backend)
+
+    class LaunchPath(RuleBasedStateMachine):
+        weights = Bundle("weights")
+
+        def __init__(self):
+            super().__init__()
+            Stats.examples += 1
+            for state in (kernel._plans, kernel._kinds, kernel._TABLES):  # each example from a fresh process's
+                state.clear()
+            self.made, self.made_weights = 0, []
+            self.triton_state = set()
+            self.graphs, self.old_tables = [], []
+
+        def teardown(self):
+            for state in list(self.triton_state):
+                self._clear(state)
+            kernel.CONFIG_OVERRIDE = None
+            backend.set_current_gpu(0)
+            self.graphs.clear()
+
+        # ------------------------------------------------------------------ making weights
+        @rule(target=weights, rows=st.sampled_from(ROWS), columns=st.sampled_from(COLUMNS),
+              dtype=st.sampled_from(DTYPES), quant_type=st.sampled_from(["nf4", "fp4"]), nested=st.booleans(),
+              blocksize=st.sampled_from(BLOCKSIZES), storage=st.sampled_from([torch.uint8, torch.bfloat16]),
+              gpu=st.integers(0, 1), seed=st.integers(0, 2**16))
+        def new_weight(self, rows, columns, dtype, quant_type, nested, blocksize, storage, gpu, seed):
+            gpu = min(gpu, backend.gpus - 1)
+            if rows * columns % 4:  # (a 16-bit storage holds whole pairs of bytes)
+                storage = torch.uint8
+            generator = torch.Generator().manual_seed(seed)
+            values = torch.randn(rows, columns, generator=generator) * 10.0 ** (seed % 5 - 2)
+            W, q = bnbf.quantize_4bit(backend.to_gpu(values, gpu), blocksize=blocksize, quant_type=quant_type,
+                                      compress_statistics=nested, quant_storage=storage)
+            if BACKEND == "stand-in":  # quantized on the CPU: every tensor onto its stand-in GPU
+                W = backend.to_gpu(W, gpu)
+                for name in TENSOR_FIELDS:
+                    if _get(q, name) is not None:
+                        _set(q, name, backend.to_gpu(_get(q, name), gpu))
+            q.dtype = dtype
+            W = bnb.nn.Params4bit(data=W, requires_grad=False, quant_state=q, blocksize=blocksize,
+                                  quant_type=quant_type, bnb_quantized=True)
+            self.made_weights.append(Weight(W, q, gpu, ""))
+            self.made += 1
+            label = f"w{self.made}({rows}x{columns} {str(dtype)[6:]} {quant_type} {'nested' if nested else 'plain'} " \
+                    f"bs{blocksize} {str(storage)[6:]} gpu{gpu})"
+            self.made_weights[-1].label = label
+            self._observe(self.made_weights[-1])  # (its plan made: a later change meets it)
+            return self.made_weights[-1]
+
+        # ------------------------------------------------------------------ calls
+        @rule(weight=weights, transposed=st.booleans(), other_stream=st.booleans(), thread=st.booleans())
+        def call(self, weight, transposed, other_stream, thread):
+            W = weight.W.t() if transposed and weight.W.dim() <= 2 else weight.W
+            gpu = backend.gpu_of(W) if isinstance(W, torch.Tensor) else 0
+            stream = backend.other_stream(max(gpu, 0)) if other_stream else contextlib.nullcontext()
+            with stream:
+                if thread:
+                    self._in_a_thread(lambda: self._checked_call(W, weight.q))
+                else:
+                    self._checked_call(W, weight.q)
+
+        def _observe(self, *weights):
+            """Each weight called as it is now, and checked (every change is followed by this)."""
+            for weight in weights or self.made_weights:
+                if weight.W is not None:
+                    self._checked_call(weight.W, weight.q)
+
+        def _in_a_thread(self, work):
+            outcome = []
+
+            def run():
+                try:
+                    work()
+                    outcome.append(None)
+                except BaseException as error:
+                    outcome.append(error)
+            thread = threading.Thread(target=run)
+            thread.start()
+            thread.join()
+            if outcome[0] is not None:
+                raise outcome[0]
+
+        def _checked_call(self, W, q):
+            Stats.calls += 1
+            before = backend.current_gpu()
+            validations.count = 0
+            ours, launches = backend.call(W, q)  # first: a process's first call makes the kept table
+            planned = validations.count == 0
+            if backend.current_gpu() != before:
+                raise Finding(f"the call left GPU {backend.current_gpu()} current, not {before}")
+            validated, refusal = fresh_validation(kernel, W, q)
+            if isinstance(ours, Exception):
+                if not str(ours).startswith(NAMED):
+                    raise Finding(f"ours raised {type(ours).__name__}: {ours}") from ours
+                if refusal is None:
+                    raise Finding(f"ours refused a state a fresh validation accepts: {ours}") from ours
+                if (type(ours), str(ours)) != (type(refusal), str(refusal)):
+                    raise Finding(f"ours refused with {ours!r}, a fresh validation with {refusal!r}")
+                Stats.count("refused")
+                return
+            if refusal is not None:
+                raise Finding(f"ours returned where a fresh validation refuses: {refusal}")
+            backend.check(W, q, validated, ours, launches)
+            Stats.count("bits through a plan" if planned else "bits, validated")
+
+        # ------------------------------------------------------------------ changing the quant state
+        @rule(weight=weights, field=st.sampled_from(TENSOR_FIELDS), how=st.sampled_from(sorted(tensor_changes)))
+        def change_a_tensor(self, weight, field, how):
+            tensor = _get(weight.q, field)
+            if isinstance(tensor, torch.Tensor):
+                replacement = tensor_changes[how](tensor)
+                if replacement is not None:
+                    _set(weight.q, field, replacement)
+            self._observe(weight)
+
+        @rule(weight=weights, field=st.sampled_from(TENSOR_FIELDS + OTHER_FIELDS),
+              how=st.sampled_from(["deleted", "set to None"]))
+        def remove_a_field(self, weight, field, how):
+            if how == "deleted":
+                _delete(weight.q, field)
+            else:
+                _set(weight.q, field, None)
+            self._observe(weight)
+
+        @rule(weight=weights, field=st.sampled_from(OTHER_FIELDS), data=st.data())
+        def change_a_field(self, weight, field, data):
+            choice = data.draw(st.sampled_from(_other_values_of(field)))
+            held = _get(weight.q, field)
+            if field == "shape" and choice == "list, changed in place":
+                if isinstance(held, list) and held:
+                    held[0] = held[0] + 1  # the list the quant state holds
+            elif field == "shape" and isinstance(choice, str):
+                shape = weight.fields["shape"]
+                _set(weight.q, field, {"list": list(shape), "tuple": tuple(shape), "(1, n)": (1, shape.numel()),
+                                       "rows doubled": torch.Size([shape[0] * 2, *shape[1:]])}[choice])
+            elif field == "state2" and choice == "another weight's":
+                others = [w for w in self.made_weights if w is not weight and _get(w.q, "state2") is not None]
+                _set(weight.q, field, _get(others[0].q, "state2") if others else None)
+            else:
+                _set(weight.q, field, choice)
+            self._observe(weight)
+
+        @rule(weight=weights, dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float64]),
+              dims=st.integers(0, 1))
+        def offset_of_another_dtype(self, weight, dtype, dims):
+            offset = _get(weight.q, "offset")
+            if isinstance(offset, torch.Tensor) and offset.numel() == 1 and offset.is_floating_point():
+                _set(weight.q, "offset", (offset.double() + 0.01).to(dtype).reshape([1] * dims))
+            self._observe(weight)
+
+        @rule(weight=weights)
+        def put_the_quant_state_back(self, weight):
+            for name, value in weight.fields.items():
+                _set(weight.q, name, value)
+                if name in weight.field_data:
+                    value.data = weight.field_data[name]
+            self._observe(weight)
+
+        # ------------------------------------------------------------------ changing W
+        @rule(weight=weights, how=st.sampled_from(["t_()", "unsqueeze_(0)", "W.data = a (1, n) view",
+                                                    "W.data = a stride-0 view", "freed, another in its place",
+                                                    "put back"]))
+        def change_w(self, weight, how):
+            W = weight.W
+            if how == "put back":
+                weight.W = self._params(backend.to_gpu(*weight.pristine_W), weight.q)
+            elif how == "t_()" and W.dim() <= 2:
+                W.t_()
+            elif how == "unsqueeze_(0)":
+                W.unsqueeze_(0)
+            elif how == "W.data = a (1, n) view":
+                W.data = W.data.reshape(-1).view(1, -1)
+            elif how == "W.data = a stride-0 view":
+                W.data = W.data.as_strided(W.shape, (0,) * W.dim())
+            else:  # freed first, so that the new bytes may well land where the old ones were
+                shape, dtype, gpu = W.shape, W.dtype, backend.gpu_of(W)
+                weight.W = None
+                del W
+                fresh = torch.randint(0, 256, (torch.Size(shape).numel() * dtype.itemsize,), dtype=torch.uint8)
+                weight.W = self._params(backend.to_gpu(fresh.view(dtype).view(shape), gpu), weight.q)
+            self._observe(weight)
+
+        def _params(self, data, q):
+            return bnb.nn.Params4bit(data=data, requires_grad=False, quant_state=q, bnb_quantized=True)
+
+        # ------------------------------------------------------------------ the environment
+        @precondition(lambda self: backend.gpus > 1)
+        @rule(gpu=st.integers(0, 1))
+        def switch_the_current_gpu(self, gpu):
+            backend.set_current_gpu(gpu)
+            self._observe()
+
+        @rule(state=st.sampled_from(["launch enter hook", "launch exit hook", "debug", "instrumentation",
+                                     "pre-run hook"]))
+        def toggle_triton_state(self, state):
+            if state in self.triton_state:
+                self._clear(state)
+            else:
+                self._set(state)
+            self._observe()
+
+        def _set(self, state):
+            if state.startswith("launch"):
+                owner, which = self._hook(state)
+                current = getattr(owner, which)
+                if hasattr(current, "add"):  # Triton 3.5+: a HookChain
+                    current.add(_counting_hook)
+                else:
+                    setattr(owner, which, _counting_hook)
+            elif state == "debug" and kernel.TRITON_VERSION < (3, 4):
+                os.environ["TRITON_DEBUG"] = "1"
+            elif state == "debug":
+                runtime.debug = True
+            elif state == "instrumentation":
+                if not hasattr(getattr(knobs, "compilation", None), "instrumentation_mode"):
+                    return
+                knobs.compilation.instrumentation_mode = "nf4-fuzz"  # (compiles as plain, another key)
+            else:
+                jit.pre_run_hooks.append(_counting_hook)
+            self.triton_state.add(state)
+
+        def _clear(self, state):
+            if state.startswith("launch"):
+                owner, which = self._hook(state)
+                current = getattr(owner, which)
+                if hasattr(current, "remove"):
+                    current.remove(_counting_hook)
+                else:
+                    setattr(owner, which, None)
+            elif state == "debug" and kernel.TRITON_VERSION < (3, 4):
+                os.environ.pop("TRITON_DEBUG", None)
+            elif state == "debug":
+                runtime.debug = False
+            elif state == "instrumentation":
+                knobs.compilation.instrumentation_mode = ""
+            else:
+                jit.pre_run_hooks.remove(_counting_hook)
+            self.triton_state.discard(state)
+
+        def _hook(self, state):
+            owner = runtime if runtime is not None else triton.compiler.CompiledKernel
+            return owner, "launch_enter_hook" if "enter" in state else "launch_exit_hook"
+
+        @rule(override=st.booleans())
+        def set_config_override(self, override):
+            kernel.CONFIG_OVERRIDE = kernel.DEFAULT_CONFIG._replace(num_warps=8) if override else None
+            self._observe()
+
+        # ------------------------------------------------------------------ CUDA graphs (a GPU)
+        @precondition(lambda self: BACKEND == "gpu")
+        @rule()
+        def forget_the_kept_tables(self):
+            # a fresh process's state: the next call of each quant type keeps a new table (the old ones
+            # stay alive here, as the plans that hold their addresses do)
+            self.old_tables.append(dict(kernel._TABLES))
+            kernel._TABLES.clear()
+
+        @precondition(lambda self: BACKEND == "gpu")
+        @rule(weight=weights)
+        def capture_a_call(self, weight):
+            W, q = weight.W, weight.q
+            kept = dict(kernel._TABLES)
+            validated, refusal = fresh_validation(kernel, W, q)
+            for key in set(kernel._TABLES) - set(kept):  # (so that a first call is the captured one)
+                del kernel._TABLES[key]
+            if refusal is not None:
+                return  # a refused state raises before any GPU work: nothing to capture
+            reference = bnbf.dequantize_4bit(W, q)
+            gpu = backend.gpu_of(W)  # (captured on W's GPU, whichever is current: the graph makes it current)
+            graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream(device=gpu)
+            torch.cuda.synchronize(gpu)
+            with torch.cuda.graph(graph, stream=stream):
+                out = kernel.dequantize_nf4(W, q)
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize(gpu)
+            Stats.calls += 1
+            _same_layout(out, reference)
+            if not torch.equal(out, reference):
+                raise Finding("a captured call replayed other bits than bitsandbytes'")
+            self.graphs.append((graph, out))
+
+        @precondition(lambda self: BACKEND == "gpu")
+        @rule()
+        def drop_graphs_and_reuse_their_memory(self):
+            self.graphs.clear()
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            self.garbage = [torch.full((n,), float("nan"), device=f"cuda:{gpu}") for gpu in range(backend.gpus)
+                            for n in (1, 16, 256, 4096) * 8]
+            self._observe()
+
+    return LaunchPath
+
+
+class _Counted:
+    """A function that counts its calls (thread-local counts are not needed: one call at a time)."""
+
+    def __init__(self, function):
+        self.function, self.count = function, 0
+
+    def __call__(self, *args, **kwargs):
+        self.count += 1
+        return self.function(*args, **kwargs)
+
+
+def fresh_validation(kernel, W, q):
+    """What a fresh call's validation says of W and q: (its Nf4Layout, None) or (None, the error)."""
+    try:
+        return kernel.validate(W, q), None
+    except (TypeError, ValueError) as error:
+        return None, error
+
+
+def _counting_hook(*args, **kwargs):
+    _counting_hook.calls += 1
+
+
+_counting_hook.calls = 0
+
+
+def _failures(error):
+    """Each failure hypothesis found (several come as an ExceptionGroup): its type, message and shortest steps."""
+    if isinstance(error, BaseExceptionGroup):
+        return [line for inner in error.exceptions for line in _failures(inner)]
+    return ["".join(traceback.format_exception_only(type(error), error)).strip()]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=["stand-in", "gpu"], default="stand-in")
+    parser.add_argument("--examples", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--gpus", type=int, default=None)
+    parser.add_argument("--fixed-seed", action="store_true", help="the same examples every run")
+    args = parser.parse_args(argv)
+    if args.backend == "gpu":
+        backend = Gpu(args.gpus or torch.cuda.device_count())
+    else:
+        backend = StandIn()
+    machine = make_machine(backend)
+    started = time.time()
+    failure = None
+    try:
+        run_state_machine_as_test(machine, settings=settings(
+            max_examples=args.examples, stateful_step_count=args.steps, deadline=None, database=None,
+            derandomize=args.fixed_seed, suppress_health_check=list(HealthCheck), print_blob=True))
+    except BaseException as error:  # each failure carries its shortest steps as notes
+        failure = "\n".join(_failures(error))
+        print("".join(traceback.format_exception(error)), file=sys.stderr)
+    print(json.dumps({"backend": args.backend, "gpus": backend.gpus, "triton": triton.__version__,
+                      "fixed_seed": args.fixed_seed, "examples": Stats.examples, "calls": Stats.calls,
+                      "outcomes": Stats.outcomes, "seconds": round(time.time() - started, 1),
+                      "failure": failure}))
+
+
+if __name__ == "__main__":
+    main()

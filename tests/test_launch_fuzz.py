@@ -1,0 +1,90 @@
+"""The launch path's soundness as a property, checked by a stateful differential fuzzer (launch_fuzz.py): every
+call returns bitsandbytes' result or the error a fresh validation raises, whatever people did to the weight, its
+quant state, the current GPU or Triton's state before it.
+
+On a CPU it runs over the stand-in GPUs, in a process of its own: once on a fixed seed (the same examples every
+run) and once on fresh ones. On a GPU it runs against bitsandbytes itself; NF4_FUZZ_EXAMPLES sets how many
+examples (the closing runs: 2,000 on one GPU and on two)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).with_name("launch_fuzz.py")
+GPU = torch.cuda.is_available()
+
+
+def _fuzz(*arguments, timeout=600):
+    result = subprocess.run([sys.executable, str(SCRIPT), *arguments], capture_output=True, text=True,
+                            timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    print(json.dumps(report))
+    assert report["failure"] is None, report["failure"] + "\n" + result.stderr[-6000:]
+    return report
+
+
+@pytest.mark.skipif(GPU, reason="the stand-in replaces Triton's driver: on a GPU the fuzzer runs on the GPU")
+@pytest.mark.parametrize("seed", ["fixed", "fresh"])
+def test_the_fuzzer_finds_nothing_on_the_stand_in_gpus(seed):
+    arguments = ["--backend", "stand-in", "--examples", "1000", "--steps", "30"]
+    report = _fuzz(*arguments, *(["--fixed-seed"] if seed == "fixed" else []))
+    # it reaches every outcome: bits through a plan, bits after validation, refusals
+    assert {"bits through a plan", "bits, validated", "refused"} <= set(report["outcomes"]), report
+    assert report["calls"] > 1000, report
+
+
+@pytest.mark.gpu
+def test_the_fuzzer_finds_nothing_on_this_machines_gpus():
+    examples = os.environ.get("NF4_FUZZ_EXAMPLES", "100")
+    report = _fuzz("--backend", "gpu", "--examples", examples, "--steps", "30", timeout=3000)
+    assert {"bits through a plan", "bits, validated", "refused"} <= set(report["outcomes"]), report
+
+
+# the fixes of the launch path's known faults, each undone in a copy of the notebook: the fuzzer must find each
+REVERTED_FIXES = {
+    "W read by its address alone (W.t_(), W.data = a view, a stride-0 view)":
+        ("weight = (W.data_ptr(), W.dtype, W.shape, W.is_contiguous())", "weight = (W.data_ptr(),)"),
+    "quant-state tensors read by their address alone (another dtype or size at the same address)":
+        ("return tensor.data_ptr(), tensor.dtype, tensor.numel(), tensor.is_contiguous()",
+         "return (tensor.data_ptr(),)"),
+    "a plan kept though its call made a temporary (a table copied during graph capture)":
+        ("if key is not None and not layout.temporary and", "if key is not None and"),
+}
+
+
+def _notebook_with(tmp_path, old, new):
+    """A copy of the notebook with `old` (once in the cells tagged kernel) replaced by `new`."""
+    from benchmarks.cells import NOTEBOOK
+    notebook = json.loads(NOTEBOOK.read_text())
+    hits = 0
+    for cell in notebook["cells"]:
+        if "kernel" in cell.get("metadata", {}).get("tags", []):
+            source = "".join(cell["source"])
+            hits += source.count(old)
+            cell["source"] = source.replace(old, new)
+    assert hits == 1, f"the cells hold {hits} of {old!r}"
+    path = tmp_path / "reverted.ipynb"
+    path.write_text(json.dumps(notebook))
+    return path
+
+
+@pytest.mark.parametrize("fix", list(REVERTED_FIXES))
+def test_the_fuzzer_finds_each_fault_once_its_fix_is_undone(tmp_path, fix):
+    old, new = REVERTED_FIXES[fix]
+    capture = "graph capture" in fix
+    if capture != GPU:
+        pytest.skip("graph capture needs a GPU" if capture else "run on the CPU stand-in")
+    backend = "gpu" if GPU else "stand-in"
+    arguments = [sys.executable, str(SCRIPT), "--backend", backend, "--examples", "300", "--steps", "30",
+                 "--fixed-seed"]
+    environment = dict(os.environ, NF4_NOTEBOOK=str(_notebook_with(tmp_path, old, new)))
+    result = subprocess.run(arguments, capture_output=True, text=True, timeout=900, env=environment)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    print(report["failure"])
+    assert report["failure"] is not None and "Finding" in report["failure"], report
