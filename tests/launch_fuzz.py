@@ -21,7 +21,7 @@ another, in this thread or another; replace, swap (`t.data = ...`), change in pl
 address (another dtype, fewer values, stride 0), delete or set to None each quant-state field; change W
 (`t_()`, `unsqueeze_(0)`, `.data` as a (1, n) view, a stride-0 view, freed and another allocated in its
 place); put everything back; switch the current GPU; set and clear a launch hook, Triton's debug mode, an
-instrumentation mode and a pre-run hook; set CONFIG_OVERRIDE; on a GPU, capture a call in a CUDA graph and
+instrumentation mode, a pre-run hook and the kernel's own debug flag; set CONFIG_OVERRIDE; on a GPU, capture a call in a CUDA graph and
 replay it, then delete the graphs, empty the cache and allocate over the freed blocks.
 
     python tests/launch_fuzz.py --backend stand-in|gpu [--examples N] [--steps K] [--gpus G] [--fixed-seed]
@@ -333,7 +333,7 @@ def _other_values_of(name):
     return {
         "quant_type": ["nf4", "fp4", "int4", None],
         "dtype": [torch.float16, torch.bfloat16, torch.float32, torch.int8],
-        "shape": ["list", "list, changed in place", "tuple", "rows doubled", "(1, n)", (64.0, 1)],
+        "shape": ["list", "list, changed in place", "tuple", "floats", "rows doubled", "(1, n)"],
         "blocksize": [64, 128, 4096, 48, 16, 64.0],
         "nested": [True, False],
         "state2": [None, "another weight's"],
@@ -485,6 +485,7 @@ def make_machine(backend):
             elif field == "shape" and isinstance(choice, str):
                 shape = weight.fields["shape"]
                 _set(weight.q, field, {"list": list(shape), "tuple": tuple(shape), "(1, n)": (1, shape.numel()),
+                                       "floats": tuple(float(size) for size in shape),
                                        "rows doubled": torch.Size([shape[0] * 2, *shape[1:]])}[choice])
             elif field == "state2" and choice == "another weight's":
                 others = [w for w in self.made_weights if w is not weight and _get(w.q, "state2") is not None]
@@ -544,7 +545,7 @@ def make_machine(backend):
             self._observe()
 
         @rule(state=st.sampled_from(["launch enter hook", "launch exit hook", "debug", "instrumentation",
-                                     "pre-run hook"]))
+                                     "pre-run hook", "the kernel's debug flag"]))
         def toggle_triton_state(self, state):
             if state in self.triton_state:
                 self._clear(state)
@@ -568,8 +569,10 @@ def make_machine(backend):
                 if not hasattr(getattr(knobs, "compilation", None), "instrumentation_mode"):
                     return
                 knobs.compilation.instrumentation_mode = "nf4-fuzz"  # (compiles as plain, another key)
-            else:
+            elif state == "pre-run hook":
                 jit.pre_run_hooks.append(_counting_hook)
+            else:
+                jit.debug = True
             self.triton_state.add(state)
 
         def _clear(self, state):
@@ -586,8 +589,10 @@ def make_machine(backend):
                 runtime.debug = False
             elif state == "instrumentation":
                 knobs.compilation.instrumentation_mode = ""
-            else:
+            elif state == "pre-run hook":
                 jit.pre_run_hooks.remove(_counting_hook)
+            else:
+                jit.debug = None
             self.triton_state.discard(state)
 
         def _hook(self, state):

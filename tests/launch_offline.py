@@ -204,7 +204,7 @@ _hook.calls = 0
 def triton_states(kernel):
     """What this Triton's launch does besides launching, as (set, clear) pairs: launch hooks (3.5+: a HookChain),
     debug mode (TRITON_DEBUG up to 3.3, knobs.runtime.debug from 3.4), an instrumentation mode (3.6+), a
-    JITFunction pre-run hook."""
+    JITFunction pre-run hook, the JITFunction's own debug flag (read from 3.3)."""
     knobs = getattr(triton, "knobs", None)
     owner = getattr(knobs, "runtime", None) or triton.compiler.CompiledKernel
     jit = kernel._dequantize_4bit_kernel
@@ -228,6 +228,7 @@ def triton_states(kernel):
         states["an instrumentation mode"] = (lambda: setattr(compilation, "instrumentation_mode", "nf4-probe"),
                                              lambda: setattr(compilation, "instrumentation_mode", ""))
     states["a pre-run hook"] = (lambda: jit.pre_run_hooks.append(_hook), lambda: jit.pre_run_hooks.remove(_hook))
+    states["the kernel's own debug flag"] = (lambda: setattr(jit, "debug", True), lambda: setattr(jit, "debug", None))
     return states
 
 
@@ -310,12 +311,13 @@ def key_changes(kernel):
                  lambda: setattr(tensor, "data", data))
     seen("W.t_()", W.t_, W.t_)
     shape = list(q.shape)
-    q.shape = shape  # a list: no key (unhashable), so every call is validated
-    try:
-        hash(kernel.key_of(W, q))
-        unseen.append("a list shape")
-    except TypeError:
-        pass
+    for name, other in (("a list shape", shape), ("a tuple shape of floats", tuple(map(float, shape)))):
+        q.shape = other  # no key: every call is validated
+        try:
+            hash(kernel.key_of(W, q))
+            unseen.append(name)
+        except TypeError:
+            pass
     q.shape = torch.Size(shape)
     assert kernel.key_of(W, q) == key
     return unseen

@@ -45,7 +45,7 @@ def test_each_case_the_header_names_takes_the_launches_it_says(report):
     assert paths["a SimpleNamespace quant state"] == [[0, 1], [0, 1], True]
     assert paths["an offset converted for the call"] == [[0, 1], [0, 1], False]  # no plan: each call validated
     for case in ("NF4_FAST_LAUNCH=0", "torch.compile", "a launch enter hook", "a launch exit hook", "debug mode",
-                 "a pre-run hook"):
+                 "a pre-run hook", "the kernel's own debug flag"):
         assert paths[case] == [[1, 0], [1, 0]], case
     assert paths["CONFIG_OVERRIDE set"] == [[1, 0], [0, 1]]  # another configuration: another kind, then its plan
     assert paths["after all that, the plan"] == [[0, 1]]
@@ -54,7 +54,7 @@ def test_each_case_the_header_names_takes_the_launches_it_says(report):
 def test_every_per_launch_state_of_this_triton_sends_calls_to_tritons_launch(report):
     # set after a plan exists: Triton's launch, with Triton's arguments (its hooks called); cleared: the plan
     states = report["triton_state"]
-    names = {"a launch enter hook", "a launch exit hook", "debug mode", "a pre-run hook"}
+    names = {"a launch enter hook", "a launch exit hook", "debug mode", "a pre-run hook", "the kernel's own debug flag"}
     if tuple(int(part) for part in report["triton"].split(".")[:2]) >= (3, 6):
         names.add("an instrumentation mode")
     assert names <= set(states), sorted(states)
