@@ -671,8 +671,8 @@ def executed_notebook() -> dict | None:
 def pack_run(directory: Path, notebook: dict | None = None) -> str:
     """Every file of results/<gpu>/ (its JSON, plots, and an executed notebook run.sh left there), and `notebook`
     (default: executed_notebook()) as its Unsloth_Puzzles_NF4.ipynb, in results/<gpu>.zip, named as in the
-    repository. On Colab the browser is offered it; on Kaggle it is copied into the output folder. Returns where
-    it is and how to commit it."""
+    repository. On Colab the browser is offered it; on Kaggle it is copied into the output folder. Returns where it
+    is (how a maintainer adopts it is the README's For maintainers section, not a reader's page)."""
     directory = Path(directory)
     archive = directory.with_suffix(".zip")
     notebook = notebook or executed_notebook()
@@ -693,10 +693,6 @@ def pack_run(directory: Path, notebook: dict | None = None) -> str:
     elif runtime_name() == "Kaggle":
         shutil.copy(archive, Path("/kaggle/working") / archive.name)
         where += f" (also /kaggle/working/{archive.name}, this notebook's output)"
-    adopt = f"    python -m benchmarks.adopt {shown_path(archive)}"
     if f"{inside}/{NOTEBOOK_NAME}" in names:
-        return "\n".join([wrap(f"Packed {where}, with the executed notebook."),
-                          "To make it the repository's, run at the repository's root", adopt])
-    return "\n".join([wrap(f"Packed {where}, without the executed notebook (this runtime lets no cell read it)."),
-                      "To make it the repository's, download this notebook, outputs and all (File → Download); run",
-                      adopt + " --notebook PATH_OF_THAT_NOTEBOOK.ipynb"])
+        return wrap(f"Packed {where}, with the executed notebook.")
+    return wrap(f"Packed {where}; the executed notebook is this page itself (File → Download).")

@@ -205,14 +205,17 @@ def timed_calls(dequantize: Callable, layers: Sequence, iterations: int,
     return issue_s, wait_s
 
 
+SPLIT_WARM_UP = 100  # iterations of each method's loop, untimed, before a case's split is timed
+
+
 def add_call_split(procedure: dict, methods: dict[str, Callable], build_case: Callable, rounds: int = 5,
-                   iterations: int = 50, synchronize: Callable[[], None] = torch.cuda.synchronize,
+                   iterations: int = 100, synchronize: Callable[[], None] = torch.cuda.synchronize,
                    clock: Callable[[], float] = time.perf_counter, profile: Callable | None = None) -> None:
     """Where a call's time goes, added to each case of `procedure` per method (issue_us, wait_us, wall_us, gpu_us,
     gpu_kernels, split_calls, split_rounds), on layers rebuilt by `build_case(*case)`. The procedure's loop
-    (timed_calls: up, gate, down) twice untimed, then `rounds` rounds of `iterations`, the methods in turn, the order
-    rotated each round; kept: the round of median wall, its issue and wait per call (means over its calls), so wall_us
-    is issue_us + wait_us exactly. GPU time per call (durations of the GPU operations, `profile`: the profiler, no L2
+    (timed_calls: up, gate, down) SPLIT_WARM_UP times untimed, then `rounds` rounds of `iterations`, the methods in
+    turn, the order rotated each round; kept: the round of median wall, its issue and wait per call (means over its
+    calls), so wall_us is issue_us + wait_us exactly. GPU time per call (durations of the GPU operations, `profile`: the profiler, no L2
     flush as in the procedure) comes from one more round, profiled: beside the sum, not in it."""
     profile = profile or _profiled
     names = list(procedure)
@@ -221,7 +224,7 @@ def add_call_split(procedure: dict, methods: dict[str, Callable], build_case: Ca
         mlp, _ = build_case(*case)
         layers = (mlp.up_proj, mlp.gate_proj, mlp.down_proj)  # the procedure's order
         for name in names:
-            timed_calls(methods[name], layers, 2, synchronize, clock)  # a new weight's first calls: untimed
+            timed_calls(methods[name], layers, SPLIT_WARM_UP, synchronize, clock)  # untimed: a warm host
         rounds_s = {name: [] for name in names}  # per method, (issue_s, wait_s) per round
         for r in range(rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
@@ -452,7 +455,7 @@ def measure_candidates(cells: dict, candidates: Sequence, capability: tuple, lay
     rotated each round, of gpu_samples(`calls`) per weight. Returns per candidate its fields, exactness and median GPU
     µs per weight and their total (None where not exact), and the cost: counts and seconds of the check and timing."""
     launch = cells["launch_via_triton"]
-    layouts = [cells["validate"](layer.weight, layer.weight.quant_state).layout for layer in layers]
+    layouts = [cells["validate"](layer.weight, layer.weight.quant_state) for layer in layers]
     references = [bitsandbytes_bits(layer) for layer in layers]
     outputs = [torch.empty_like(reference) for reference in references]
     started = time.perf_counter()
@@ -576,5 +579,5 @@ def launch_config_line(pick: dict) -> str:
     return f"Launch configuration: {describe_config(pick['winner'])}, {where}; the table's {entry} {verdict}."
 
 
-MEASUREMENT = {"kernel": GPU_TIME_METHOD, "host": HOST_TIME_METHOD,
-               "procedure": PROCEDURE_METHOD, "split": CALL_SPLIT_METHOD}  # how each clock measures: every result file
+# how each clock the notebook's run uses measures: in its result file (host_time is benchmarks.host_cost's)
+MEASUREMENT = {"kernel": GPU_TIME_METHOD, "procedure": PROCEDURE_METHOD, "split": CALL_SPLIT_METHOD}

@@ -1,13 +1,13 @@
 """Makes a run's archive (results/<gpu>.zip, packed by the notebook's last cell or by scripts/run.sh) this
 repository's, in one step: its files into results/<gpu>/, the run's outputs into the root notebook, the README's
 and the notebook's headline from that folder (benchmarks.headline), and where the run picked its launch
-configuration on its GPU, the lines that make it LAUNCH_CONFIGS' entry.
+configuration on its GPU, the optional lines that make it LAUNCH_CONFIGS' entry.
 
     python -m benchmarks.adopt results/tesla-t4.zip                       # it holds the executed notebook
     python -m benchmarks.adopt results/tesla-t4.zip --notebook RUN.ipynb  # it does not (Kaggle, a local Jupyter)
 
 Runs anywhere (no GPU, no unzip). Nothing is written unless the archive is a results folder and the executed
-notebook's code cells are this checkout's.
+notebook's code cells are this checkout's. --help needs no torch (adopt() imports helpers.py, which does).
 """
 from __future__ import annotations
 
@@ -17,9 +17,7 @@ import sys
 import zipfile
 from pathlib import Path, PurePosixPath
 
-import helpers
-from benchmarks import headline
-from benchmarks.cells import NOTEBOOK
+from benchmarks.cells import NOTEBOOK  # torch-free: reads the notebook's JSON
 
 
 def archive_folder(names: list[str]) -> str:
@@ -56,9 +54,9 @@ def with_run_outputs(ours: dict, executed: dict) -> dict:
 
 def launch_config_lines(results: dict, source: str) -> list[str]:
     """Where the run picked its launch configuration on its GPU (notebook.json's launch_config_pick,
-    timing.pick_launch_config's: picked, gpu, capability, winner), the lines that make it the table's entry: the
-    kernel cell's LAUNCH_CONFIGS line, its comment naming `source`, and timing.CONFIG_MEASURED_ON's
-    (tests/test_tooling_config_pick.py holds the two together); else none."""
+    timing.pick_launch_config's: picked, gpu, capability, winner), why pasting is optional (the pick step picks again
+    on every run on that GPU model) and the lines that make it the table's entry: the kernel cell's LAUNCH_CONFIGS
+    line naming `source`, and timing.CONFIG_MEASURED_ON's (tests/test_tooling_config_pick.py holds the two together)."""
     record = results.get("launch_config_pick")
     if record is None or not record.get("picked"):
         return []
@@ -67,10 +65,11 @@ def launch_config_lines(results: dict, source: str) -> list[str]:
         fields.pop()
     capability = f"({record['capability'][0]}, {record['capability'][1]})"
     values = ", ".join(repr(value) for value in fields)
-    return [f"Picked on the run's {record['gpu']}: to make it the table's entry, put in the kernel cell's",
-            f"LAUNCH_CONFIGS (in place of its {capability} line, if there)",
+    return [f"Optional (adopting is done): the notebook picks again on each run on a {record['gpu']}, as this run did.",
+            "Pasting these lines makes its pick the table's entry: the pick step then times nothing on that GPU",
+            "model, and the kernel cell pasted elsewhere launches with it. The kernel cell's LAUNCH_CONFIGS:",
             f"    {capability}: LaunchConfig({values}),  # picked on {record['gpu']}: {source}/",
-            f"and in timing.py's CONFIG_MEASURED_ON (in place of its {capability} line)",
+            f"timing.py's CONFIG_MEASURED_ON (in place of its {capability} line):",
             f"    {capability}: ({record['gpu']!r},),"]
 
 
@@ -78,6 +77,8 @@ def adopt(archive_path: Path, notebook_path: Path | None = None) -> list[str]:
     """Extracts the archive into the repository, puts the run's outputs into the root notebook and rewrites both
     headlines; returns what it did, a line each. LookupError (nothing written) where the archive is no results
     folder, holds no executed notebook and none is given, or the notebook's code cells are not this checkout's."""
+    import helpers  # imports torch: here, not at the top, so that --help needs no torch
+    from benchmarks import headline
     with zipfile.ZipFile(archive_path) as archive:
         files = {name: archive.read(name) for name in archive.namelist() if not name.endswith("/")}
     shown = helpers.shown_path(archive_path)
@@ -108,10 +109,10 @@ def adopt(archive_path: Path, notebook_path: Path | None = None) -> list[str]:
     done = [f"extracted {len(files)} files into {folder}/", f"{NOTEBOOK.name}: the run's outputs, from {outputs_from}"]
     for path in headline.write_headline(str(helpers.ROOT / folder)):
         done.append(f"rewrote the headline of {path}")
+    done.append(f'Adopted. Then: NF4_TRITONS="" bash scripts/test.sh, and commit {folder}/, README.md and '
+                f'{NOTEBOOK.name}')
     results = json.loads((helpers.ROOT / folder / "notebook.json").read_text())
-    done += launch_config_lines(results, folder)
-    done.append(f'then: NF4_TRITONS="" bash scripts/test.sh, and commit {folder}/, README.md and {NOTEBOOK.name}')
-    return done
+    return done + launch_config_lines(results, folder)
 
 
 def main(argv=None):

@@ -53,16 +53,6 @@ def fresh_states(q, count):
     return iter(states)
 
 
-def medians(timed: dict, rounds: int, calls: int) -> tuple[dict, dict]:
-    """Every call of `timed` in `rounds` interleaved rounds of `calls` (timing.host_time): the per-round medians
-    and the median of them, µs."""
-    samples = {name: [] for name in timed}
-    for _ in range(rounds):
-        for name, fn in timed.items():
-            samples[name].append(timing.host_time(fn, calls=calls).median_us)
-    return samples, {name: sorted(values)[rounds // 2] for name, values in samples.items()}
-
-
 def host_cost(new, old, rounds: int = 45, calls: int = 200) -> dict:
     """Every call above timed in `rounds` interleaved rounds of `calls`; the median of the round medians, and the
     ratios the README quotes."""
@@ -81,7 +71,11 @@ def host_cost(new, old, rounds: int = 45, calls: int = 200) -> dict:
     if "unsloth_fused" in methods:
         timed["unsloth_fused"] = lambda: methods["unsloth_fused"](layer)
     assert all(torch.equal(timed[name](), timed["old"]()) for name in timed)
-    samples, median = medians(timed, rounds, calls)
+    samples = {name: [] for name in timed}
+    for _ in range(rounds):
+        for name, fn in timed.items():
+            samples[name].append(timing.host_time(fn, calls=calls).median_us)
+    median = {name: sorted(values)[rounds // 2] for name, values in samples.items()}
     fused = median.get("unsloth_fused")
     table = {"layer": str(helpers.KERNEL_SHAPES[0]), "method": timing.HOST_TIME_METHOD, "floor": HOST_COST_FLOOR,
              "first_call": FIRST_CALL, "calls_per_round": calls, "rounds_us": samples, "median_us": median,

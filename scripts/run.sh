@@ -51,4 +51,6 @@ directory = written[0] if len(written) == 1 else helpers.results_dir(helpers.env
 nbformat.write(notebook, directory / helpers.NOTEBOOK_NAME)
 packed = helpers.pack_run(directory) if (directory / "notebook.json").exists() else None  # with the notebook
 print("\n".join(report.run_summary(notebook, directory, packed)))
+if packed:  # (for the maintainer at this terminal; the notebook's own pages say nothing of it)
+    print(f"To make it the repository's: python -m benchmarks.adopt {helpers.shown_path(directory.with_suffix('.zip'))}")
 PY

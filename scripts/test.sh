@@ -10,7 +10,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 TRITONS=${NF4_TRITONS-3.2.0 3.3.1 3.4.0 3.5.1 3.7.1 3.8.0 3.9.0}
 VERSION_TESTS="tests/test_exactness.py tests/test_layouts.py tests/test_compile_targets.py
-               tests/test_launch_offline.py tests/test_launch_path.py"
+               tests/test_launch_offline.py tests/test_launch_path.py tests/test_launch_fuzz.py"
+VERSION_SELECTION="not fresh and not undone"  # the fuzzer on its fixed seed alone, per Triton
 LOGS=$(mktemp -d)
 trap 'rm -rf "$LOGS"' EXIT
 export TRITON_CACHE_DIR="$LOGS/triton-cache"  # every run compiles afresh, as on a new machine
@@ -25,7 +26,6 @@ else
   TRITONS=""
 fi
 
-triton_of() { "$1" -c "import triton; print(triton.__version__)"; }
 SUMMARY=()
 FAILED=0
 # run_part NAME PYTHON TESTS...: pytest with PYTHON, its summary line and skip reasons kept for the end
@@ -36,8 +36,8 @@ run_part() {
   say "$name: pytest with triton $(triton_of "$python") ($python)"
   "$python" -m pytest -q -rfEs -p no:cacheprovider "$@" 2>&1 | tee "$LOGS/part.log"
   local status=${PIPESTATUS[0]}
-  local line
-  line=$(grep -E '^=* ?[0-9]+ (passed|failed|skipped|error|errors|deselected)' "$LOGS/part.log" | tail -1 | tr -d '=')
+  local line pytest_summary='^=* ?[0-9]+ (passed|failed|skipped|deselected|warnings?|errors?)'  # its last line
+  line=$(grep -E "$pytest_summary" "$LOGS/part.log" | tail -1 | tr -d '=')
   [ -n "$line" ] || line="1 error (pytest ended without a summary, exit $status)"
   [ "$status" -eq 0 ] || FAILED=1
   SUMMARY+=("$(printf '%-14s triton %-6s %s' "$name" "$(triton_of "$python")" "$line")")
@@ -45,26 +45,11 @@ run_part() {
   grep -E '^SKIPPED \[[0-9]+\] ' "$LOGS/part.log" >> "$LOGS/skips"
 }
 
-site_packages() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
-# the venv for one Triton: its own site-packages first, then .venv's through a .pth file
-triton_venv() {
-  local version=$1 venv=".venv-triton-$1"
-  if [ ! -x "$venv/bin/python" ] || [ "$(triton_of "$venv/bin/python" 2>/dev/null)" != "$version" ]; then
-    # measured, wheel/venv in MB: 3.2.0 253/719, 3.3.1 155/566, 3.5.1 170/623, 3.8.0 247/941, 3.9.0 286/1048
-    say "triton $version: creating $venv and installing triton==$version (a 155-286 MB download, 0.57-1.05 GB on disk)"
-    rm -rf "$venv"
-    "$PY" -m venv --without-pip "$venv" || return 1
-    site_packages "$PY" > "$(site_packages "$venv/bin/python")/nf4_main_venv.pth"
-    pip_install "$PY" -m pip --python "$venv/bin/python" install --no-deps "triton==$version" || return 1
-  fi
-  [ "$(triton_of "$venv/bin/python")" = "$version" ]
-}
-
 say "the suite with .venv's triton, then the Triton matrix: ${TRITONS:-none}"
 run_part "main suite" "$PY" tests
 for version in $TRITONS; do
-  if triton_venv "$version"; then
-    run_part "triton $version" ".venv-triton-$version/bin/python" $VERSION_TESTS
+  if triton_venv "$PY" "$version"; then
+    run_part "triton $version" ".venv-triton-$version/bin/python" $VERSION_TESTS -k "$VERSION_SELECTION"
   else
     say "triton $version: the venv could not be made"
     SUMMARY+=("$(printf '%-14s triton %-6s %s' "triton $version" "$version" "1 error (no venv)")")
@@ -82,17 +67,16 @@ if [ -s "$LOGS/skips" ]; then
 fi
 say "summary"
 printf '  %s\n' "${SUMMARY[@]}"
-# the closing line, as pytest writes it: every part's counts added up
+# the closing line, as pytest writes it: every part's counts added up, warnings included
 "$PY" - "$LOGS/counts" $((SECONDS - START)) <<'PY'
 import re, sys
 totals = {}
 for line in open(sys.argv[1]):
-    for count, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed|xpassed)", line):
-        kind = "errors" if kind.startswith("error") else kind
+    for count, kind in re.findall(r"(\d+) (passed|failed|skipped|deselected|xfailed|xpassed|warning|error)s?\b", line):
         totals[kind] = totals.get(kind, 0) + int(count)
-order = ["failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "errors"]
-parts = [f"{totals[k]} {'error' if k == 'errors' and totals[k] == 1 else k}" for k in order if totals.get(k)]
-parts = parts or ["no tests ran"]
-print(f"======== {', '.join(parts)} in {float(sys.argv[2]):.2f}s ========")
+order = ["failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "warning", "error"]  # pytest's order
+plural = {"warning": "warnings", "error": "errors"}  # pytest writes "1 warning", "2 warnings"
+parts = [f"{totals[k]} {plural.get(k, k) if totals[k] > 1 else k}" for k in order if totals.get(k)]
+print(f"======== {', '.join(parts) or 'no tests ran'} in {float(sys.argv[2]):.2f}s ========")
 PY
 exit $FAILED

@@ -25,14 +25,21 @@ def _text(cell):
 
 
 @pytest.mark.skipif(GPU, reason="the CPU run of the notebook; on a GPU it runs in full elsewhere")
-def test_notebook_runs_alone_on_cpu(tmp_path, monkeypatch):
-    # a directory holding only the notebook; the files it imports served from elsewhere, as once published
+@pytest.mark.parametrize("route", ["published", "the repository's zip uploaded"])
+def test_notebook_runs_alone_on_cpu(tmp_path, monkeypatch, route):
+    # a directory holding only the notebook, and the files it imports served from elsewhere (as once published),
+    # or the notebook and the repository's zip as GitHub serves it (before publishing: one file to upload)
+    from test_tooling_install_cell import PLACEHOLDER_URL, repository_zip
     alone, served = tmp_path / "alone", tmp_path / "served"
     alone.mkdir(), served.mkdir()
     shutil.copy(NOTEBOOK, alone)
     for name in FETCHED:
         shutil.copy(ROOT / name, served)
-    monkeypatch.setenv("NF4_HELPERS_URL", (served / "helpers.py").as_uri())
+    if route == "published":
+        monkeypatch.setenv("NF4_HELPERS_URL", (served / "helpers.py").as_uri())
+    else:
+        repository_zip(alone / "nf4-main.zip")
+        monkeypatch.setenv("NF4_HELPERS_URL", PLACEHOLDER_URL)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the notebook turns it on itself, as on Colab
     notebook = nbformat.read(alone / NOTEBOOK.name, as_version=4)
     NotebookClient(notebook, timeout=900, kernel_name="python3",
@@ -328,3 +335,9 @@ def test_every_committed_image_has_alt_text():
         alt = re.search(r'alt="([^"]+)"', tag)
         assert alt and len(alt.group(1)) > 20, "an image without alt text (report.show_figure gives one)"
         assert "".join(output["data"].get("text/plain", "")) == html.unescape(alt.group(1))
+
+
+def test_every_cell_has_an_id():
+    # nbformat 4.5 cells carry an id; one without prints MissingIDFieldWarning above run.sh's verdict
+    missing = [i for i, cell in enumerate(_cells()) if not cell.get("id")]
+    assert not missing, f"cells without an id: {missing}"

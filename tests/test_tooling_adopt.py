@@ -1,8 +1,9 @@
 """python -m benchmarks.adopt, end to end without a GPU: a copy of the repository's tracked files adopts a T4 run's
 archive (results/nvidia-h200's files answering as a Tesla T4, packed by helpers.pack_run): the files land in
 results/tesla-t4/, the run's outputs in the root notebook, both headlines read "Measured on a Tesla T4", and the
-configuration the run picked is printed as a LAUNCH_CONFIGS line; an archive without the executed notebook says
-what to do, and a notebook of other cells is refused, both writing nothing."""
+configuration the run picked is printed as a LAUNCH_CONFIGS line, after the adopting is done and said to be optional;
+an archive without the executed notebook says what to do, and a notebook of other cells is refused, both writing
+nothing. --help needs no torch."""
 import json
 import os
 import shutil
@@ -105,8 +106,13 @@ def test_adopting_an_archive_with_its_notebook(repo, monkeypatch):
         assert match["source"] == "results/tesla-t4"
         assert match["body"].startswith("Measured on a **Tesla T4**") and "forecast" not in match["body"]
     said = done.stdout.splitlines()
-    assert said[said.index(TABLE_LINE) - 2].startswith("Picked on the run's Tesla T4: to make it the table's entry")
+    adopted = next(number for number, line in enumerate(said) if line.startswith("Adopted. Then:"))
+    optional = next(number for number, line in enumerate(said) if line.startswith("Optional (adopting is done)"))
+    assert adopted < optional < said.index(TABLE_LINE), "the lines to paste come after the adopting is done"
     assert said[said.index(TABLE_LINE) + 2] == MEASURED_ON_LINE
+    why = " ".join(said[optional:said.index(TABLE_LINE)])
+    assert "the notebook picks again on each run on a Tesla T4" in why
+    assert "the pick step then times nothing on that GPU model" in why
 
 
 def test_an_archive_without_its_notebook_says_what_to_do_then_takes_the_one_given(repo, monkeypatch):
@@ -160,10 +166,25 @@ def test_the_launch_config_lines_need_a_configuration_picked_on_the_run_s_gpu():
     assert adopt.launch_config_lines(results, "results/tesla-t4") == []
     results["launch_config_pick"] = PICKED
     lines = adopt.launch_config_lines(results, "results/tesla-t4")
-    assert lines[2] == TABLE_LINE and lines[4] == MEASURED_ON_LINE
+    assert lines[0].startswith("Optional (adopting is done)")
+    assert lines[-3] == TABLE_LINE and lines[-1] == MEASURED_ON_LINE
     a100 = dict(PICKED, gpu="NVIDIA A100-SXM4-40GB", capability=[8, 0], table_entry="DEFAULT_CONFIG",
                 winner=[1024, 2, 1, False, False])  # a new entry, its ptx field not the default: written
     lines = adopt.launch_config_lines(dict(results, launch_config_pick=a100), "results/nvidia-a100-sxm4-40gb")
-    assert lines[2] == "    (8, 0): LaunchConfig(1024, 2, 1, False, False),  # picked on NVIDIA A100-SXM4-40GB: " \
-                       "results/nvidia-a100-sxm4-40gb/"
-    assert lines[4] == "    (8, 0): ('NVIDIA A100-SXM4-40GB',),"
+    assert lines[-3] == "    (8, 0): LaunchConfig(1024, 2, 1, False, False),  # picked on NVIDIA A100-SXM4-40GB: " \
+                        "results/nvidia-a100-sxm4-40gb/"
+    assert lines[-1] == "    (8, 0): ('NVIDIA A100-SXM4-40GB',),"
+
+
+def test_help_needs_no_torch():
+    """--help parses arguments only: a Python without torch (`import torch` raising ModuleNotFoundError, as where
+    it is not installed) prints the usage and exits 0."""
+    without_torch = "\n".join([
+        "import runpy, sys",
+        "sys.modules['torch'] = None  # `import torch` now raises ModuleNotFoundError",
+        "sys.argv = ['benchmarks.adopt', '--help']",
+        "runpy.run_module('benchmarks.adopt', run_name='__main__', alter_sys=True)"])
+    shown = subprocess.run([sys.executable, "-c", without_torch], cwd=ROOT, capture_output=True, text=True,
+                           timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("usage: ") and "archive" in shown.stdout and "--notebook" in shown.stdout

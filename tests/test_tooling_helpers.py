@@ -355,7 +355,7 @@ def test_score_card_adds_up_shows_whole_evidence_and_fits(capsys):
     assert report.MAX_SCORE == 14
     card.show()  # no notebook here: printed
     first = capsys.readouterr().out
-    assert "**Score card, this run: 0 / 14**" in first and "not measured yet" in first
+    assert "**Score card, this run (Tesla T4): 0 / 14**" in first and "not measured yet" in first
     assert first.count("Tesla T4 · torch 2.11.0 · triton 3.6.0 · bitsandbytes 0.50.2 · unsloth 2026.10.9") == 1
     assert "Baseline: unsloth `fast_dequantize` (fused Triton, default)" in first
     assert "Run all" not in first  # no lap yet: no time to show
@@ -515,13 +515,14 @@ def _table_rows(text, header):
 def test_time_split_table_adds_up_and_shows_gpu_time_beside():
     result = procedure()
     text = report.format_time_split(result)
-    split = _table_rows(text, "| weight | method | wall | issue | wait | GPU (apart) |")
+    split = _table_rows(text, "| weight | method | procedure | wall | issue | wait | GPU (apart) |")
     rows = report.split_rows(result)
     assert len(split) == len(rows) == 2 * len(METHODS)
     assert any(r["gpu_us"] > r["wait_us"] for r in rows)  # the data has GPU time past the wait: not in the sum
     for row, cells in zip(rows, split):
         assert cells[1] == helpers.METHODS[row["method"]].column
-        wall, issue, wait, gpu = map(float, cells[2:])
+        procedure_us, wall, issue, wait, gpu = map(float, cells[2:])
+        assert procedure_us == pytest.approx(row["procedure_us"], abs=0.05)
         assert wall == pytest.approx(issue + wait, abs=0.11)
         assert gpu == pytest.approx(row["gpu_us"], abs=0.05)
     saved = _table_rows(text, "| against | wall saved | issue saved | wait saved | GPU saved (apart) |")
@@ -539,6 +540,11 @@ def test_time_split_table_adds_up_and_shows_gpu_time_beside():
     assert "wall = issue + wait" in flat.replace("*", "") and "shown apart, not part of the sum" in flat
     assert "the mean over the 150 calls of the median round by wall, of 5 rounds" in flat
     assert max(map(len, text.splitlines())) <= helpers.MAX_LINE
+    # the data's walls are 2% under the procedure's times: they agree; one 20% off is named
+    assert "Every wall is within 15% of the procedure's own time per call." in flat
+    result["bnb"]["cases"][0]["procedure_us"] *= 1.2
+    flat = " ".join(report.format_time_split(result).split())
+    assert "1 of 8 walls differ from the procedure's own time per call by more than 15%" in flat
 
 
 def test_the_split_is_weighted_by_calls():

@@ -21,7 +21,7 @@ from conftest import GPU, ROOT
 NOTEBOOK = ROOT / "Unsloth_Puzzles_NF4.ipynb"
 PLACEHOLDER_URL = "https://raw.githubusercontent.com/REPO_OWNER/REPO_NAME/main/helpers.py"
 WHERE = torch.cuda.get_device_name() if GPU else "no GPU"
-MAX_CELL_LINES = 25  # issue 32: the cell fetches FETCHED; helpers.py does the rest
+MAX_CELL_LINES = 32  # issue 32: the cell fetches FETCHED, helpers.py does the rest; issue 48: or unpacks them
 FETCHED = ("helpers.py", "timing.py", "report.py", "model_patch.py")  # the repository's files the notebook imports
 NO_GPU_NOTE = "No GPU: kernels run in Triton's interpreter; timings and unsloth's baseline need a GPU."
 
@@ -121,7 +121,7 @@ def run_install_cell(tmp_path, pretend=None, helpers=True, env=None):
     returns (result, pip calls)."""
     work, fake = tmp_path / "work", tmp_path / "fake_pip"
     (fake / "pip").mkdir(parents=True)
-    work.mkdir()
+    work.mkdir(exist_ok=True)  # (a test may have put an upload there)
     (fake / "pip" / "__init__.py").write_text("")
     (fake / "pip" / "__main__.py").write_text(FAKE_PIP)
     (tmp_path / "cell.py").write_text(_install_cell_source())
@@ -307,10 +307,11 @@ def test_install_cell_says_why_pip_failed_and_on_kaggle_what_to_turn_on(tmp_path
     assert "no network" in result.stderr  # pip's own words follow
 
 
+UPLOAD = "upload the repository's zip (on GitHub: Code > Download ZIP) next to this notebook"
+
+
 @pytest.mark.parametrize("url, message", [
-    (PLACEHOLDER_URL, "helpers.py, timing.py, report.py, model_patch.py not next to this notebook and HELPERS_URL still "
-                      "holds the placeholder: run scripts/publish.sh OWNER/NAME after pushing, or upload "
-                      "helpers.py, timing.py, report.py, model_patch.py next to the notebook."),
+    (PLACEHOLDER_URL, f"helpers.py, timing.py, report.py, model_patch.py not here: {UPLOAD}, then run this cell again."),
     ("file:///nonexistent/helpers.py", "Could not fetch helpers.py from file:///nonexistent/helpers.py ("),
 ])
 def test_install_cell_names_the_fix_when_helpers_py_is_missing(tmp_path, url, message):
@@ -330,8 +331,7 @@ def test_install_cell_names_the_file_it_could_not_fetch_and_the_fix(tmp_path):
     assert result.returncode != 0 and calls == []
     url = (served / "model_patch.py").as_uri()
     assert f"RuntimeError: Could not fetch model_patch.py from {url} (" in result.stderr
-    assert ("upload the repository's helpers.py, timing.py, report.py, model_patch.py next to this notebook."
-            in result.stderr)
+    assert f"): {UPLOAD}." in result.stderr
     assert not (tmp_path / "work" / "model_patch.py").exists()
 
 
@@ -391,3 +391,25 @@ def test_unsloth_without_metadata_is_named_by_its_kernels_hash(tmp_path, monkeyp
     said = helpers.install_missing(True)  # everything present: pip is not run
     assert said.endswith(", unsloth 2026.10.9)") and "\n" not in said, said
     assert said.startswith(f"{helpers.runtime_name()} (Tesla T4): nothing to install (torch ")
+
+
+def repository_zip(path, folder="nf4-main"):
+    """The repository's files in one folder of a zip, as GitHub serves it (Code > Download ZIP)."""
+    import zipfile
+    with zipfile.ZipFile(path, "w") as archive:
+        for name in (*FETCHED, "README.md", "Unsloth_Puzzles_NF4.ipynb", "scripts/run.sh"):
+            archive.write(ROOT / name, f"{folder}/{name}")
+    return path
+
+
+def test_install_cell_unpacks_its_files_from_the_repositorys_zip_uploaded_beside_it(tmp_path):
+    # before publishing, one upload: the repository's zip next to the notebook; the placeholder URL is never asked
+    (tmp_path / "work").mkdir()
+    repository_zip(tmp_path / "work" / "nf4-main.zip")
+    result, calls = run_install_cell(tmp_path, helpers=False, env={"NF4_HELPERS_URL": PLACEHOLDER_URL})
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in FETCHED:
+        assert (tmp_path / "work" / name).read_bytes() == (ROOT / name).read_bytes()
+    assert not (tmp_path / "work" / "README.md").exists() and not (tmp_path / "work" / "scripts").exists()
+    said = result.stdout if GPU else result.stdout.replace(NO_GPU_NOTE + "\n", "")
+    assert " ".join(said.split()).endswith("; fetched helpers.py, timing.py, report.py, model_patch.py")

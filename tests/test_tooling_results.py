@@ -74,36 +74,49 @@ def _results_dir(tmp_path, env=ENV):
 
 
 def test_the_block_opens_with_the_speedup_then_the_t4_then_the_run_and_tabulates_the_procedure(tmp_path):
-    # a judge's first screen: the measured speedup on the GPU named and bit-exactness, then the one T4 estimate
+    # a judge's first screen: the measured speedup on the GPU named and bit-exactness, then the one T4 estimate;
+    # every ratio reads "ours is N x faster than it" (its time / ours)
     source = _results_dir(tmp_path)
+    results = json.loads((tmp_path / "notebook.json").read_text())
+    procedure = {**make_procedure(), "ours_via_triton": {"median_s": 0.889, "runs_s": [0.9, 0.889, 0.88]}}
+    (tmp_path / "notebook.json").write_text(json.dumps(dict(results, procedure=procedure)))
     text, summary = headline.block(source, "readme"), headline.block(source, "notebook")
-    procedure = make_procedure()
     fused = helpers.round_ratios(procedure, "unsloth_fused")
     assert text.splitlines()[0] == (
         f"Measured on an **Synthetic GPU**: **{fused['median']:.2f}x faster** than "
-        f"{helpers.METHODS['unsloth_fused'].name} in the puzzle's own `test_dequantize` procedure (median of "
-        f"{len(procedure['ours']['runs_s'])} rounds, {fused['min']:.2f}–{fused['max']:.2f}x), and **bit-identical** "
-        "(`torch.equal`) to bitsandbytes in fp16, bf16 and fp32.")
+        f"{helpers.METHODS['unsloth_fused'].name} in the procedure the puzzle publishes, `test_dequantize` (9,000 "
+        f"dequantizations, a GPU synchronize after each; median of {len(procedure['ours']['runs_s'])} rounds, "
+        f"{fused['min']:.2f}–{fused['max']:.2f}x), and **bit-identical** (`torch.equal`) to bitsandbytes in fp16, "
+        "bf16 and fp32.")
     bullets = [line for line in text.splitlines() if line.startswith("- ")]
-    assert bullets[0].startswith("- **On a T4: not measured here.** Emulated on this GPU, 1.25x the fused path "
-                                 "(1.22–1.27x over 3 rounds; a T4's floor, 601 GB / 240 GB/s = 2.51 s): each call "
-                                 f"padded to a T4's GPU time for its bytes, which assumes {timing.EMULATION_ASSUMES}.")
-    assert "python -m benchmarks.adopt results/tesla-t4.zip" in bullets[0] and "forecast" not in text
+    assert bullets[0].startswith("- **On a T4: not measured here.** Emulated on this GPU, ours is 1.25x faster than "
+                                 "unsloth's fused path (1.22–1.27x over 3 rounds): each call padded to a T4's GPU "
+                                 f"time for its bytes, which assumes {timing.EMULATION_ASSUMES}. At a T4's copy "
+                                 "bandwidth the procedure's bytes alone take 601 GB / 240 GB/s = 2.51 s.")
+    assert "A T4 owner's Run all replaces this line" in bullets[0] and "forecast" not in text
     run = next(line for line in bullets if line.startswith("- The run: "))
     assert run.startswith("- The run: today (driver 1, torch 2, triton 3, bitsandbytes 4, unsloth 5), by kernel cells")
-    assert run.endswith("; score card 14 / 14.")
-    for name in METHODS:
-        ratio = ""
-        if name != "ours":
-            r = helpers.round_ratios(procedure, name)
-            median = f"**{r['median']:.2f}x**" if name == "unsloth_fused" else f"{r['median']:.2f}x"
-            ratio = f"{median} ({r['min']:.2f}–{r['max']:.2f}x)"
-        assert f"| {helpers.METHODS[name].name} | {procedure[name]['median_s']:.3f} | {ratio} |" in text
+    assert run.endswith("; the notebook's score card gives 14 / 14 of the puzzle's marks.")
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| the procedure, ") and "| ours is N x faster than it (its time / ours), " in rows[0]
+    assert rows[1] == f"| ours | {procedure['ours']['median_s']:.3f} |  |"
+    for row, name in zip(rows[2:], helpers.BASELINES, strict=True):  # the baselines alone, each its speedup
+        r = helpers.round_ratios(procedure, name)
+        median = f"**{r['median']:.2f}x**" if name == "unsloth_fused" else f"{r['median']:.2f}x"
+        assert row == f"| {helpers.METHODS[name].name} | {procedure[name]['median_s']:.3f} | {median} " \
+                      f"({r['min']:.2f}–{r['max']:.2f}x) |"
+    # ours through Triton's own launch is no baseline: its time beside the fused path's, after the table
+    assert text.splitlines()[-1] == (
+        "Ours through Triton's own launch (`kernel[grid](...)`, every call bound by Triton), the same kernel launched "
+        f"the standard way, takes {procedure['ours_via_triton']['median_s']:.3f} s, against the fused path's "
+        f"{procedure['unsloth_fused']['median_s']:.3f} s.")
     floor_s = helpers.procedure_bytes() / 1e9 / 4000.0
-    assert (f"- The floor: the procedure moves 601 GB / 4000 GB/s = {floor_s:.3f} s at this GPU's copy bandwidth; "
-            f"ours takes {procedure['ours']['median_s'] / floor_s:.2f}x that.") in text
+    assert (f"- The floor, the least time the procedure's bytes take at this GPU's copy bandwidth (no kernel beats "
+            f"it): 601 GB / 4000 GB/s = {floor_s:.3f} s; ours takes {procedure['ours']['median_s']:.3f} s.") in text
     ratios = [row["unsloth_fused_us"] / row["ours_us"] for row in kernel_rows()]
-    assert f"unsloth's fused kernel takes {min(ratios):.2f}x to {max(ratios):.2f}x ours" in text
+    ceiling = [row["ceiling_us"] / row["ours_us"] for row in kernel_rows()]
+    assert (f"ours is {min(ratios):.2f}x to {max(ratios):.2f}x faster than unsloth's fused kernel, and runs at "
+            f"{min(ceiling):.0%} to {max(ceiling):.0%} of the speed of a copy kernel") in text
     assert "|" not in summary and summary.splitlines()[0] == text.splitlines()[0]  # the notebook's: no table
     assert all(line in text for line in summary.splitlines())
 
@@ -133,9 +146,9 @@ def test_the_block_says_which_cells_made_its_file(tmp_path):
     committed = notebook_paste_unit_sha256()
     run = lambda text: next(line for line in text.splitlines() if line.startswith("- The run: "))
     text = headline.block(_results_dir(tmp_path, dict(ENV, paste_unit_sha256=committed)), "readme")
-    assert "by the committed cells" in run(text)
+    assert "by the kernel cells as they are here" in run(text)
     text = headline.block(_results_dir(tmp_path, dict(ENV, paste_unit_sha256="0123456789ab" + "0" * 52)), "readme")
-    assert "by other cells than the committed ones (paste unit sha256 0123456789ab)" in run(text)
+    assert "by another version of the kernel cells (sha256 0123456789ab)" in run(text)
 
 
 def test_write_headline_needs_its_markers(tmp_path, monkeypatch):
@@ -265,8 +278,44 @@ def test_the_readme_is_short_and_its_quick_start_says_what_a_newcomer_needs():
     words = len(readme.replace(block, "").split())
     assert words <= README_WORDS, f"the README is {words} words outside its headline"
     quick_start = "\n".join(readme.splitlines()[:40])
-    for needed in ("File → Upload notebook", "publish.sh", 'NF4_TRITONS=""', " GB"):
+    for needed in ("File → Upload notebook", "bash scripts/run.sh", "bash scripts/test.sh", " GB"):
         assert needed in quick_start, f"the quick start (the first 40 lines) does not say {needed!r}"
+    maintainers = readme.split("\n## For maintainers\n", 1)[1]
+    for needed in ("bash scripts/publish.sh OWNER/NAME", 'NF4_TRITONS="" bash scripts/test.sh',
+                   "python -m benchmarks.adopt results/tesla-t4.zip", "python -m benchmarks.headline results/"):
+        assert needed in maintainers, f"the maintainers' section does not say {needed!r}"
+
+
+# The reader's pages (issue "The reviewer's route"): the README above its last section, "For maintainers", and the
+# headline block wherever it is generated: no maintainer command, none of the project's private words
+MAINTAINER_COMMAND = re.compile(r"python -m benchmarks|publish\.sh [A-Z]|NF4_TRITONS=")
+PRIVATE_WORDS = re.compile(r"paste unit|\bkinds?\b|\bplans?\b|fingerprint|committed cells|earlier cells|the lead\b|"
+                           r"\blaps?\b|replay", re.I)
+
+
+def _reader_problems(text: str, where: str) -> list[str]:
+    return ([f"{where} gives a maintainer's command: {m.group(0)!r}" for m in MAINTAINER_COMMAND.finditer(text)]
+            + [f"{where} uses a private word: {m.group(0)!r}" for m in PRIVATE_WORDS.finditer(text)])
+
+
+def test_the_readers_pages_carry_no_maintainer_command_and_no_private_word(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    assert readme.count("\n## ") == len(readme.split("\n## For maintainers\n")[0].split("\n## ")), (
+        "'For maintainers' is the README's last section")
+    problems = _reader_problems(readme.split("\n## For maintainers\n", 1)[0], "the README above 'For maintainers'")
+    (tmp_path / "t4").mkdir()
+    for results in (_results_dir(tmp_path), _results_dir(tmp_path / "t4", dict(ENV, gpu="Tesla T4"))):
+        for where in ("readme", "notebook"):
+            problems += _reader_problems(headline.block(results, where), f"the {where}'s generated headline")
+    assert not problems, "\n".join(problems)
+    assert _reader_problems("a plan's kind: python -m benchmarks.adopt X", "x") != []  # the patterns still catch
+
+
+def test_the_license_is_apache_2_and_the_readme_says_so():
+    license_text = (ROOT / "LICENSE").read_text()
+    assert license_text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    assert "END OF TERMS AND CONDITIONS" in license_text and "APPENDIX: How to apply" in license_text
+    assert "Apache-2.0" in "\n".join((ROOT / "README.md").read_text().splitlines()[:40])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,12 +389,9 @@ def test_a_run_is_packed_into_one_archive_named_as_in_the_repository(tmp_path, m
     assert names == ["results/tesla-t4/Unsloth_Puzzles_NF4.ipynb", "results/tesla-t4/notebook.json",
                      "results/tesla-t4/procedure.png"]
     assert notebook == {"cells": [], "nbformat": 4}
-    assert said.splitlines() == [
-        "Packed 3 files of results/tesla-t4/ in results/tesla-t4.zip, with the executed notebook.",
-        "To make it the repository's, run at the repository's root",
-        "    python -m benchmarks.adopt results/tesla-t4.zip"]  # the command on a line of its own, to copy
+    # what a reader's page shows: where the run is, no maintainer's command (adopting is the README's For maintainers)
+    assert said == "Packed 3 files of results/tesla-t4/ in results/tesla-t4.zip, with the executed notebook."
     said = helpers.pack_run(folder)  # outside Colab no notebook to read: the folder's files alone
-    assert "Packed 2 files" in said and "without the executed notebook" in said
-    command = "    python -m benchmarks.adopt results/tesla-t4.zip --notebook PATH_OF_THAT_NOTEBOOK.ipynb"
-    assert said.splitlines()[-1] == command
-    assert "File → Download" in said and max(map(len, said.splitlines())) <= helpers.MAX_LINE
+    flat = " ".join(said.split())
+    assert flat.startswith("Packed 2 files") and "the executed notebook is this page itself (File → Download)" in flat
+    assert "benchmarks" not in said and max(map(len, said.splitlines())) <= helpers.MAX_LINE
