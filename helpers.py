@@ -8,7 +8,7 @@ report.py shows it. Nothing here imports the kernel: functions take the callable
                                    make_layer, exactness, dequantizers, check_baselines, usable, MLP,
                                    call_bytes, procedure_bytes, procedure_result, round_ratios (the procedure
                                    itself is the notebook's cell tagged `procedure`)
-  3. torch.compile                 quiet_torch_compile, compile_report, compile_claim
+  3. torch.compile and the PTX     quiet_torch_compile, compile_report, compile_claim, compile_points, kernel_ptx
   4. Result files                  results_dir, write_results, shown_path, pack_run
 
 Anything global a function changes is restored.
@@ -506,7 +506,7 @@ def round_ratios(procedure: dict, baseline: str, ours: str = "ours") -> dict:
     return {"median": quantile(ratios, 0.5), "min": min(ratios), "max": max(ratios), "rounds": len(ratios)}
 
 
-# 3. torch.compile: what compiles on this GPU, and what it matches ----------------------------
+# 3. torch.compile: what compiles on this GPU, and what it matches; the PTX it runs ---------------
 def inductor_refusal(error: BaseException) -> str | None:
     """Why Inductor refused to compile a graph (a SkipFrame: on a GPU without native bf16, compile_fx.py
     _check_triton_bf16_support), found along the error chain, where fullgraph=True wraps it in an
@@ -626,6 +626,25 @@ def compile_claim(report: dict) -> str:
               + ("; Inductor reports no native bf16 here" if not report["bf16_native"] else "")
               for name, r in refused.items()]
     return "; ".join(parts) if parts else "nothing was compiled"
+
+
+def compile_points(report: dict) -> int:
+    """The rubric's torch.compile points from `report` (compile_report): +1 where a dtype compiled and every
+    one that compiled gave bitsandbytes' weights in the graph, once (no recompilation); else -1."""
+    compiled = [r for r in report["dtypes"].values() if r["compiled"]]
+    exact = all(r["weights_bit_identical"] and r["mlp_bit_identical_to_compiled_mlp_on_eager_weights"]
+                and not r["recompiled"] for r in compiled)
+    return 1 if compiled and exact else -1
+
+
+def kernel_ptx(cells: dict) -> str:
+    """The PTX this GPU runs for the kernel cells' kernel (`cells`: the notebook's globals): what Triton's own
+    launch compiles for a 4096 x 1024 bf16 layer, through the cells' validate, launch_setup, launch_via_triton."""
+    layer = make_layer(4096, 1024, torch.bfloat16)
+    layout = cells["validate"](layer.weight, layer.weight.quant_state)
+    capability, config, out, on_its_gpu = cells["launch_setup"](layout)
+    with on_its_gpu:
+        return cells["launch_via_triton"](layout, out, config, capability).asm["ptx"]
 
 
 # 4. Result files --------------------------------------------------------------------------------

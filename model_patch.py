@@ -300,7 +300,7 @@ GPU_TOKENS = (4, 512)  # (batch, sequence)
 CPU_LLAMA = dict(GPU_LLAMA, hidden_size=64, intermediate_size=128)
 CPU_TOKENS = (2, 8)
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-LINE_WIDTH = 100  # the list of replaced functions, wrapped
+LINE_WIDTH = 120  # the list of replaced functions, wrapped (as the notebook shows lines)
 
 
 def quantized_llama(shape, dtype, device, directory, compute_dtype=None, attn_implementation="eager"):

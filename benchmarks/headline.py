@@ -96,8 +96,8 @@ def t4_line(results: dict) -> list[str]:
     low, high = emulated["ratio_range"]["unsloth_fused"]
     t4_bytes = report.floor_arithmetic(helpers.procedure_bytes(), timing.T4_COPY_GBS, 2)
     return [f"- **On a T4: not measured here.** Emulated on this GPU, ours is {emulated['ratios']['unsloth_fused']:.2f}"
-            f"x faster than unsloth's fused path ({low:.2f}–{high:.2f}x over {emulated['rounds']} rounds): each call "
-            f"padded to a T4's GPU time for its bytes, which assumes {timing.EMULATION_ASSUMES}. At a T4's copy "
+            f"x faster than unsloth's fused path ({low:.2f}–{high:.2f}x over {emulated['rounds']} rounds), assuming "
+            f"{timing.EMULATION_ASSUMES}. At a T4's copy "
             f"bandwidth the procedure's bytes alone take {t4_bytes}. A T4 owner's Run all replaces this line with a "
             "measurement."]
 
@@ -121,14 +121,16 @@ def bullets(results: dict) -> list[str]:
 
 
 def block(source: str, where: str) -> str:
-    """The block between the markers: the speedup line, the bullets and the run; the README adds the table."""
+    """The block between the markers: the speedup line, the bullets and the run; the README adds the table.
+    The notebook's bullets are the T4's and the run's (its own cells show the floor and the kernel alone)."""
     results = load(source, "notebook.json")
     if results is None:
         raise FileNotFoundError(f"{source}/notebook.json")
-    table = procedure_table(results["procedure"]) if where == "readme" else []
-    lines = [speedup_line(results), "", *bullets(results), where_and_when(results, source),
-             *([""] if table else []), *table]
-    return "\n".join(lines) + "\n"
+    if where == "readme":
+        lines = [*bullets(results), where_and_when(results, source), "", *procedure_table(results["procedure"])]
+    else:
+        lines = [*t4_line(results), where_and_when(results, source)]
+    return "\n".join([speedup_line(results), "", *lines]) + "\n"
 
 
 def _text(where: str) -> str:

@@ -90,8 +90,8 @@ def test_the_block_opens_with_the_speedup_then_the_t4_then_the_run_and_tabulates
         "bf16 and fp32.")
     bullets = [line for line in text.splitlines() if line.startswith("- ")]
     assert bullets[0].startswith("- **On a T4: not measured here.** Emulated on this GPU, ours is 1.25x faster than "
-                                 "unsloth's fused path (1.22–1.27x over 3 rounds): each call padded to a T4's GPU "
-                                 f"time for its bytes, which assumes {timing.EMULATION_ASSUMES}. At a T4's copy "
+                                 "unsloth's fused path (1.22–1.27x over 3 rounds), assuming "
+                                 f"{timing.EMULATION_ASSUMES}. At a T4's copy "
                                  "bandwidth the procedure's bytes alone take 601 GB / 240 GB/s = 2.51 s.")
     assert "A T4 owner's Run all replaces this line" in bullets[0] and "forecast" not in text
     run = next(line for line in bullets if line.startswith("- The run: "))
