@@ -16,20 +16,28 @@ Two backends, one machine:
   record of every launch); shape, strides and dtype are bitsandbytes' (on the CPU) where it accepts the state.
 
 What it does, drawn at random (a rule each): make a weight (odd sizes and (1, n), fp16/bf16/fp32, nf4/fp4,
-nested or not, blocksizes 64 to 4096, on either GPU); call it as W or W.t(), on the current stream or
-another, in this thread or another; replace, swap (`t.data = ...`), change in place, reinterpret at the same
-address (another dtype, fewer values, stride 0), delete or set to None each quant-state field; change W
-(`t_()`, `unsqueeze_(0)`, `.data` as a (1, n) view, a stride-0 view, freed and another allocated in its
-place); put everything back; switch the current GPU; set and clear a launch hook, Triton's debug mode, an
-instrumentation mode, a pre-run hook and the kernel's own debug flag; set CONFIG_OVERRIDE; on a GPU, capture a call in a CUDA graph and
-replay it, then delete the graphs, empty the cache and allocate over the freed blocks.
+nested or not, blocksizes 64 to 4096, on either GPU); call it as W, W.t() or a proxy of W, on the current
+stream or another, in this thread or another; replace, swap (`t.data = ...`), change in place, reinterpret at
+the same address (another dtype, fewer values, stride 0), free (`resize_(0)`), delete or set to None each
+quant-state field, or set it to a value of another type (a tuple shape of floats or holding a tensor changed
+in place, nested as a tensor changed in place, a str subclass equal to anything); make one field read another
+value on one of its reads during a call; change W (`t_()`, `unsqueeze_(0)`, `.data` as a (1, n) view, a
+stride-0 view, its storage freed, freed and another allocated in its place); put everything back; switch
+the current GPU; set and clear a launch hook (a function, or one that reads as False), Triton's debug mode,
+an instrumentation mode, a stages inspection hook (3.7+), a pre-run hook and the kernel's own debug flag, and
+require each call made while one is set to go through Triton's launch; set CONFIG_OVERRIDE, change a
+LAUNCH_CONFIGS entry in place, keep at most one or two plans; on a GPU, capture a call in a CUDA graph (a
+process's first or not), replay it or not before eager calls, delete the graphs, empty the cache and allocate
+over the freed blocks.
 
     python tests/launch_fuzz.py --backend stand-in|gpu [--examples N] [--steps K] [--gpus G] [--fixed-seed]
 
-prints one JSON line: the examples and calls run, the failure hypothesis found (its shortest steps), if any.
+prints one JSON line: the examples and calls run, the failure hypothesis found (its shortest steps), if any, and
+the first Finding raised.
 """
 import argparse
 import contextlib
+import copy
 import json
 import os
 import sys
@@ -44,6 +52,7 @@ if BACKEND == "stand-in":
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # bitsandbytes' CPU dequantization, eager (no recompiles)
     import offline_gpu  # noqa: F401  (before torch and triton are used: it replaces Triton's driver)
 
+import numpy  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 import bitsandbytes as bnb  # noqa: E402
@@ -59,20 +68,29 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCKSIZES = (64, 256, 4096)
 TENSOR_FIELDS = ("absmax", "offset", "code", "state2.absmax", "state2.code")
 OTHER_FIELDS = ("quant_type", "dtype", "shape", "blocksize", "nested", "state2", "state2.blocksize",
-                "state2.dtype")
+                "state2.dtype", "state2.nested")
+EXCLUSIVE = {"launch enter hook": ["launch enter hook reading as False"],
+             "launch enter hook reading as False": ["launch enter hook"]}
+FLICKERING_FIELDS = ("absmax", "offset", "state2.absmax", "state2.code", "quant_type", "dtype")
 SAME_SIZE_DTYPE = {torch.uint8: torch.int8, torch.float32: torch.int32, torch.float16: torch.int16,
                    torch.bfloat16: torch.float16, torch.float64: torch.int64}
 SAME_SIZE_DTYPE.update({other: dtype for dtype, other in list(SAME_SIZE_DTYPE.items())})
 
 
 class Finding(AssertionError):
-    """A call that broke the property."""
+    """A call that broke the property. Each is recorded as raised: a fault that depends on the GPU's memory
+    (a block reused or not) may not show again while hypothesis replays the steps to shorten them."""
+
+    def __init__(self, message):
+        super().__init__(message)
+        Stats.findings.append(message)
 
 
 class Stats:
     calls = 0
     examples = 0
     outcomes = {}  # "bits through a plan", "bits, validated", "refused" -> count
+    findings = []  # each Finding's message, as raised
 
     @classmethod
     def count(cls, outcome):
@@ -87,6 +105,7 @@ class StandIn:
     def __init__(self):
         offline_gpu.install(75, gpus=self.gpus)
         self.kernel = load_kernel_cells()
+        self.forgotten_tables = []  # tables kept before the fuzzer forgot them (plans may hold them)
         self.kernel.device_capability = lambda device: (7, 5)  # the CPU tensors are the stand-in GPUs'
         self.device = torch.device("cpu")
 
@@ -96,6 +115,13 @@ class StandIn:
 
     def gpu_of(self, tensor):
         return tensor.get_device()
+
+    def table_at(self, address):
+        """The kept table (or one forgotten since) at `address`."""
+        for table in [*self.kernel._TABLES.values(), *self.forgotten_tables]:
+            if table.data_ptr() == address:
+                return table.cpu()
+        raise Finding(f"a launch read a table at {address:#x}, which no one keeps")
 
     def current_gpu(self):
         return offline_gpu.GPUS.current
@@ -146,22 +172,33 @@ class StandIn:
         if isinstance(bnb, Exception):
             raise Finding(f"ours returned, bitsandbytes raised {type(bnb).__name__}: {bnb}")
         mine = [_with_output(launch, ours) for launch in launches]
-        if validated.temporary and len(mine) == len(record) == 1:
-            # the offset converted for each call: its address is that call's own (the GPU compares bits)
-            temporary = validated.offset.data_ptr()
-            mine, record = [_masked(mine[0], record[0], temporary)], [_masked(record[0], record[0], temporary)]
+        if len(mine) == len(record) == 1:
+            # the table is compared by its values, bitsandbytes' for the quant type (str(): a str subclass's
+            # plain str, as its op reads it): ours may be one kept before the fuzzer forgot the kept tables
+            address, table = validated.code.data_ptr(), bnbf.get_4bit_type(str(q.quant_type), "cpu")
+            for launched in [address, *_at(mine[0], record[0], address)]:
+                if not torch.equal(self.table_at(launched), table):
+                    raise Finding(f"a table launched is not bitsandbytes' {str(q.quant_type)!r} table")
+            mine, record = [_masked(mine[0], record[0], address)], [_masked(record[0], record[0], address)]
         if mine != record:
             raise Finding(f"our launches differ from Triton's for the fresh state:\n ours   {mine}\n Triton {record}")
         _same_layout(ours, bnb)
 
 
 def _masked(launch, reference, address):
-    """launch with TEMPORARY where reference holds `address` (records of one structure)."""
+    """launch with TABLE where reference holds `address` (records of one structure)."""
     def mask(value, reference_value):
         if isinstance(value, tuple) and isinstance(reference_value, tuple) and len(value) == len(reference_value):
             return tuple(mask(v, r) for v, r in zip(value, reference_value))
-        return "TEMPORARY" if reference_value == address and isinstance(reference_value, int) else value
+        return "TABLE" if reference_value == address and isinstance(reference_value, int) else value
     return mask(launch, reference)
+
+
+def _at(launch, reference, address):
+    """launch's values where reference holds `address` (records of one structure)."""
+    if isinstance(launch, tuple) and isinstance(reference, tuple) and len(launch) == len(reference):
+        return [found for value, other in zip(launch, reference) for found in _at(value, other, address)]
+    return [launch] if reference == address and isinstance(reference, int) else []
 
 
 def _with_output(launch, out):
@@ -292,7 +329,20 @@ def _tensor_changes(backend):
         "same address, stride 0": lambda t: _stride_0(t),
         "t.data = same address, stride 0": lambda t: _swap(t, _stride_0(t.data)),
         "on another device": other_gpu,
+        "a copy whose storage is freed": _freed_copy,
     }
+
+
+def _holds_its_bytes(t):
+    """Whether t's storage holds the bytes t spans (not freed): only then may a change read or write them."""
+    return t.untyped_storage().nbytes() >= (t.storage_offset() + t.numel()) * t.element_size()
+
+
+def _freed_copy(t):
+    """A copy of t whose storage is then freed, as FSDP frees one (resize_(0))."""
+    copied = t.clone()
+    copied.untyped_storage().resize_(0)
+    return copied
 
 
 def _fewer(t):
@@ -333,13 +383,34 @@ def _other_values_of(name):
     return {
         "quant_type": ["nf4", "fp4", "int4", None],
         "dtype": [torch.float16, torch.bfloat16, torch.float32, torch.int8],
-        "shape": ["list", "list, changed in place", "tuple", "floats", "rows doubled", "(1, n)"],
-        "blocksize": [64, 128, 4096, 48, 16, 64.0],
-        "nested": [True, False],
+        "shape": ["list", "list, changed in place", "tuple", "floats", "rows doubled", "(1, n)",
+                  "holding a tensor", "its tensor changed in place", "numpy int16 sizes"],
+        "blocksize": [64, 128, 4096, 48, 16, 64.0, True],
+        "nested": [True, False, "a tensor", "its tensor changed in place"],
         "state2": [None, "another weight's"],
         "state2.blocksize": [256, 128, 3, 256.0],
         "state2.dtype": [torch.float32, torch.float16],
+        "state2.nested": [False, True, "a tensor", "its tensor changed in place"],
     }[name]
+
+
+class _EqualToAnything(str):
+    """A str subclass that compares equal to everything (bitsandbytes picks its table by ==)."""
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = str.__hash__
+
+
+class _Proxy:
+    """An object standing in for W that forwards every attribute to it: not a tensor."""
+
+    def __init__(self, target):
+        self._target = target
+
+    def __getattr__(self, name):
+        return getattr(self._target, name)
 
 
 # ---------------------------------------------------------------------------------------------- the machine
@@ -348,6 +419,10 @@ def make_machine(backend):
     validations = _Counted(kernel.validate)
     kernel.validate = validations  # (counted: a call answered by a plan validates nothing)
     jit = kernel._dequantize_4bit_kernel
+    triton_launches = _Counted(jit.run)
+    jit.run = triton_launches  # (counted: kernel[grid](...) calls the JITFunction's run)
+    capability = (7, 5) if BACKEND == "stand-in" else torch.cuda.get_device_capability(0)
+    launch_configs, plans_kept = dict(kernel.LAUNCH_CONFIGS), kernel.PLANS_KEPT
     knobs = getattr(triton, "knobs", None)
     runtime = getattr(knobs, "runtime", None)
     tensor_changes = _tensor_changes(backend)
@@ -360,14 +435,19 @@ def make_machine(backend):
             Stats.examples += 1
             for state in (kernel._plans, kernel._kinds, kernel._TABLES):  # each example from a fresh process's
                 state.clear()
+            if BACKEND == "stand-in":
+                backend.forgotten_tables.clear()
             self.made, self.made_weights = 0, []
-            self.triton_state = set()
+            self.triton_state, self.replaced_hooks = set(), {}
             self.graphs, self.old_tables = [], []
 
         def teardown(self):
             for state in list(self.triton_state):
                 self._clear(state)
             kernel.CONFIG_OVERRIDE = None
+            kernel.LAUNCH_CONFIGS.clear()
+            kernel.LAUNCH_CONFIGS.update(launch_configs)
+            kernel.PLANS_KEPT = plans_kept
             backend.set_current_gpu(0)
             self.graphs.clear()
 
@@ -401,10 +481,15 @@ def make_machine(backend):
             return self.made_weights[-1]
 
         # ------------------------------------------------------------------ calls
-        @rule(weight=weights, transposed=st.booleans(), other_stream=st.booleans(), thread=st.booleans())
-        def call(self, weight, transposed, other_stream, thread):
-            W = weight.W.t() if transposed and weight.W.dim() <= 2 else weight.W
+        @rule(weight=weights, form=st.sampled_from(["W", "W.t()", "a proxy of W"]), other_stream=st.booleans(),
+              thread=st.booleans())
+        def call(self, weight, form, other_stream, thread):
+            W = weight.W
+            if form == "W.t()" and W.dim() <= 2 and _holds_its_bytes(W):  # (torch views no freed storage)
+                W = W.t()
             gpu = backend.gpu_of(W) if isinstance(W, torch.Tensor) else 0
+            if form == "a proxy of W":
+                W = _Proxy(W)
             stream = backend.other_stream(max(gpu, 0)) if other_stream else contextlib.nullcontext()
             with stream:
                 if thread:
@@ -434,14 +519,29 @@ def make_machine(backend):
                 raise outcome[0]
 
         def _checked_call(self, W, q):
+            ours, launches, planned = self._call(W, q)
+            validated, refusal = fresh_validation(kernel, W, q)
+            self._judge(W, q, ours, launches, validated, refusal)
+            Stats.count("refused" if isinstance(ours, Exception) else
+                        "bits through a plan" if planned else "bits, validated")
+
+        def _call(self, W, q):
+            """Our call: its result (or error), its stand-in launches, whether it validated nothing; the
+            current GPU as before it, and Triton's launch taken while a per-launch state is set."""
             Stats.calls += 1
-            before = backend.current_gpu()
-            validations.count = 0
+            before, plans_before = backend.current_gpu(), len(kernel._plans)
+            validations.count, triton_launches.count = 0, 0
             ours, launches = backend.call(W, q)  # first: a process's first call makes the kept table
-            planned = validations.count == 0
+            if plans_before < len(kernel._plans) > max(kernel.PLANS_KEPT, 1):  # (a lowered bound: the next keep)
+                raise Finding(f"a call kept a plan beyond PLANS_KEPT ({kernel.PLANS_KEPT}): {len(kernel._plans)}")
             if backend.current_gpu() != before:
                 raise Finding(f"the call left GPU {backend.current_gpu()} current, not {before}")
-            validated, refusal = fresh_validation(kernel, W, q)
+            if self.triton_state and not isinstance(ours, Exception) and triton_launches.count == 0:
+                raise Finding(f"a call while {sorted(self.triton_state)} was set skipped Triton's launch")
+            return ours, launches, validations.count == 0
+
+        def _judge(self, W, q, ours, launches, validated, refusal):
+            """ours against a fresh validation of W and q (and, where it accepts them, the reference)."""
             if isinstance(ours, Exception):
                 if not str(ours).startswith(NAMED):
                     raise Finding(f"ours raised {type(ours).__name__}: {ours}") from ours
@@ -449,18 +549,16 @@ def make_machine(backend):
                     raise Finding(f"ours refused a state a fresh validation accepts: {ours}") from ours
                 if (type(ours), str(ours)) != (type(refusal), str(refusal)):
                     raise Finding(f"ours refused with {ours!r}, a fresh validation with {refusal!r}")
-                Stats.count("refused")
                 return
             if refusal is not None:
                 raise Finding(f"ours returned where a fresh validation refuses: {refusal}")
             backend.check(W, q, validated, ours, launches)
-            Stats.count("bits through a plan" if planned else "bits, validated")
 
         # ------------------------------------------------------------------ changing the quant state
         @rule(weight=weights, field=st.sampled_from(TENSOR_FIELDS), how=st.sampled_from(sorted(tensor_changes)))
         def change_a_tensor(self, weight, field, how):
             tensor = _get(weight.q, field)
-            if isinstance(tensor, torch.Tensor):
+            if isinstance(tensor, torch.Tensor) and _holds_its_bytes(tensor):  # (a freed one is only put back)
                 replacement = tensor_changes[how](tensor)
                 if replacement is not None:
                     _set(weight.q, field, replacement)
@@ -479,13 +577,21 @@ def make_machine(backend):
         def change_a_field(self, weight, field, data):
             choice = data.draw(st.sampled_from(_other_values_of(field)))
             held = _get(weight.q, field)
-            if field == "shape" and choice == "list, changed in place":
+            if choice == "its tensor changed in place":  # the tensor the field holds (a shape's first size)
+                inner = held[0] if isinstance(held, (tuple, list)) and held else held
+                if isinstance(inner, torch.Tensor):
+                    inner.copy_(inner.logical_not() if inner.dtype == torch.bool else inner * 2)
+            elif choice == "a tensor":
+                _set(weight.q, field, torch.tensor(bool(held)))
+            elif field == "shape" and choice == "list, changed in place":
                 if isinstance(held, list) and held:
                     held[0] = held[0] + 1  # the list the quant state holds
             elif field == "shape" and isinstance(choice, str):
                 shape = weight.fields["shape"]
                 _set(weight.q, field, {"list": list(shape), "tuple": tuple(shape), "(1, n)": (1, shape.numel()),
                                        "floats": tuple(float(size) for size in shape),
+                                       "holding a tensor": (torch.tensor(shape[0]), *shape[1:]),
+                                       "numpy int16 sizes": torch.Size([numpy.int16(size) for size in shape]),
                                        "rows doubled": torch.Size([shape[0] * 2, *shape[1:]])}[choice])
             elif field == "state2" and choice == "another weight's":
                 others = [w for w in self.made_weights if w is not weight and _get(w.q, "state2") is not None]
@@ -494,13 +600,92 @@ def make_machine(backend):
                 _set(weight.q, field, choice)
             self._observe(weight)
 
-        @rule(weight=weights, dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float64]),
+        @rule(weight=weights)
+        def quant_type_a_str_subclass(self, weight):
+            # one equal to anything (bitsandbytes picks its table by ==), its first call in a fresh process
+            self.forget_the_kept_tables()
+            held = _get(weight.q, "quant_type")
+            _set(weight.q, "quant_type", _EqualToAnything("fp4" if held == "nf4" else "nf4"))
+            self._observe(weight)
+
+        @rule(weight=weights, dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.float64]),
               dims=st.integers(0, 1))
         def offset_of_another_dtype(self, weight, dtype, dims):
             offset = _get(weight.q, "offset")
-            if isinstance(offset, torch.Tensor) and offset.numel() == 1 and offset.is_floating_point():
+            if (isinstance(offset, torch.Tensor) and offset.numel() == 1 and offset.is_floating_point()
+                    and _holds_its_bytes(offset)):
                 _set(weight.q, "offset", (offset.double() + 0.01).to(dtype).reshape([1] * dims))
             self._observe(weight)
+
+        @rule(weight=weights, field=st.sampled_from(FLICKERING_FIELDS), read=st.integers(1, 3),
+              first_call=st.booleans())
+        def read_a_field_differently_once(self, weight, field, read, first_call):
+            # one call during which the field reads another value on its `read`-th read (a property, another
+            # thread setting it and back): that call must answer one of the two states, and no later call
+            # may launch on the other value under this state's key. first_call: on a copy of the quant state
+            # with its own tensors (the first call of a weight, which validates and plans)
+            if first_call and weight.W is not None and _holds_its_bytes(weight.W):
+                weight = self._with_own_tensors(weight)
+            owner, name = _owner(weight.q, field)
+            steady = getattr(owner, name, None) if owner is not None else None
+            if steady is not None and weight.W is not None:
+                other = _flicker_value(steady, name)
+                with _reading_once(owner, name, other, read):
+                    ours, launches, _ = self._call(weight.W, weight.q)
+                self._judge_either(weight, [_put(owner, name, steady), _put(owner, name, other)], ours, launches)
+            self._observe(weight)
+
+        @rule(weight=weights, field=st.sampled_from(("W",) + TENSOR_FIELDS))
+        def swapped_and_back_during_a_first_call(self, weight, field):
+            # another thread swaps a tensor's storage (`t.data = ...`; W: t_()) as validation starts and back
+            # once the launch is made (sys.setprofile stands in for the thread switches): that call answers the
+            # state before or during the swap, and no plan may keep what the swap showed
+            if weight.W is None or not _holds_its_bytes(weight.W):
+                return
+            weight = self._with_own_tensors(weight)
+            swap = _swap_and_back(weight, field)
+            if swap is not None:
+                def switch(frame, event, argument):
+                    if event == "call" and frame.f_code.co_name == "validate":
+                        swap.there()
+                    elif event == "return" and frame.f_code.co_name == "plan_and_launch":
+                        swap.back()
+                sys.setprofile(switch)
+                try:
+                    ours, launches, _ = self._call(weight.W, weight.q)
+                finally:
+                    sys.setprofile(None)
+                    swap.back()
+                self._judge_either(weight, [_as_it_is, swap.entered], ours, launches)
+            self._observe(weight)
+
+        def _with_own_tensors(self, weight):
+            """A weight sharing W, its quant state copied with each tensor field a copy of its own."""
+            q = copy.copy(weight.q)
+            if getattr(q, "state2", None) is not None:
+                q.state2 = copy.copy(q.state2)
+            for name in TENSOR_FIELDS:
+                tensor = _get(q, name)
+                if isinstance(tensor, torch.Tensor) and _holds_its_bytes(tensor):
+                    _set(q, name, tensor.clone())
+            copied = Weight(weight.W, q, weight.gpu, weight.label + "'")
+            self.made_weights.append(copied)
+            return copied
+
+        def _judge_either(self, weight, states, ours, launches):
+            """ours is what one of `states` gives: each puts the weight in its state, returning what puts it back."""
+            findings = []
+            for enter in states:
+                leave = enter()
+                try:
+                    self._judge(weight.W, weight.q, ours, launches, *fresh_validation(kernel, weight.W, weight.q))
+                    break
+                except Finding:  # (the other state may be the one answered: no finding yet)
+                    findings.append(Stats.findings.pop())
+                finally:
+                    leave()
+            else:
+                raise Finding("a call that read two states answered neither:\n" + "\n".join(findings))
 
         @rule(weight=weights)
         def put_the_quant_state_back(self, weight):
@@ -512,11 +697,14 @@ def make_machine(backend):
 
         # ------------------------------------------------------------------ changing W
         @rule(weight=weights, how=st.sampled_from(["t_()", "unsqueeze_(0)", "W.data = a (1, n) view",
-                                                    "W.data = a stride-0 view", "freed, another in its place",
-                                                    "put back"]))
+                                                    "W.data = a stride-0 view", "W.data = a 0-dim view",
+                                                    "its storage freed",
+                                                    "freed, another in its place", "put back"]))
         def change_w(self, weight, how):
             W = weight.W
-            if how == "put back":
+            if how not in ("put back", "freed, another in its place") and not _holds_its_bytes(W):
+                pass  # (torch refuses to view a freed storage anew: only putting it back changes it)
+            elif how == "put back":
                 weight.W = self._params(backend.to_gpu(*weight.pristine_W), weight.q)
             elif how == "t_()" and W.dim() <= 2:
                 W.t_()
@@ -526,6 +714,12 @@ def make_machine(backend):
                 W.data = W.data.reshape(-1).view(1, -1)
             elif how == "W.data = a stride-0 view":
                 W.data = W.data.as_strided(W.shape, (0,) * W.dim())
+            elif how == "W.data = a 0-dim view":
+                W.data = W.data.reshape(-1)[0]
+            elif how == "its storage freed":
+                if _holds_its_bytes(W):  # (a copy's: the views of W taken earlier keep theirs)
+                    W.data = W.data.clone()
+                    W.untyped_storage().resize_(0)
             else:  # freed first, so that the new bytes may well land where the old ones were
                 shape, dtype, gpu = W.shape, W.dtype, backend.gpu_of(W)
                 weight.W = None
@@ -544,17 +738,31 @@ def make_machine(backend):
             backend.set_current_gpu(gpu)
             self._observe()
 
-        @rule(state=st.sampled_from(["launch enter hook", "launch exit hook", "debug", "instrumentation",
-                                     "pre-run hook", "the kernel's debug flag"]))
+        @rule(state=st.sampled_from(["launch enter hook", "launch exit hook", "launch enter hook reading as False",
+                                     "debug", "instrumentation", "stages inspection hook", "compile hook",
+                                     "pre-run hook", "the kernel's own debug flag"]))
         def toggle_triton_state(self, state):
             if state in self.triton_state:
                 self._clear(state)
             else:
+                for other in EXCLUSIVE.get(state, ()):  # (one enter hook at a time: each replaces the other)
+                    if other in self.triton_state:
+                        self._clear(other)
                 self._set(state)
             self._observe()
 
         def _set(self, state):
-            if state.startswith("launch"):
+            if state == "launch enter hook reading as False":
+                owner, which = self._hook(state)
+                self.replaced_hooks[state] = getattr(owner, which)
+                setattr(owner, which, _FalsyHook())
+            elif state == "stages inspection hook":
+                if not hasattr(runtime, "add_stages_inspection_hook"):  # (3.7+)
+                    return
+                runtime.add_stages_inspection_hook = _stages_hook
+            elif state == "compile hook":  # (3.4+ a knob; 3.2, 3.3 the JITFunction class's)
+                setattr(*_compile_hook_owner(runtime, jit), _counting_hook)
+            elif state.startswith("launch"):
                 owner, which = self._hook(state)
                 current = getattr(owner, which)
                 if hasattr(current, "add"):  # Triton 3.5+: a HookChain
@@ -576,7 +784,14 @@ def make_machine(backend):
             self.triton_state.add(state)
 
         def _clear(self, state):
-            if state.startswith("launch"):
+            if state == "launch enter hook reading as False":
+                owner, which = self._hook(state)
+                setattr(owner, which, self.replaced_hooks.pop(state))
+            elif state == "stages inspection hook":
+                runtime.add_stages_inspection_hook = None
+            elif state == "compile hook":
+                setattr(*_compile_hook_owner(runtime, jit), None)
+            elif state.startswith("launch"):
                 owner, which = self._hook(state)
                 current = getattr(owner, which)
                 if hasattr(current, "remove"):
@@ -604,19 +819,36 @@ def make_machine(backend):
             kernel.CONFIG_OVERRIDE = kernel.DEFAULT_CONFIG._replace(num_warps=8) if override else None
             self._observe()
 
-        # ------------------------------------------------------------------ CUDA graphs (a GPU)
-        @precondition(lambda self: BACKEND == "gpu")
+        @rule(num_warps=st.sampled_from([2, None]))
+        def change_a_launch_configs_entry_in_place(self, num_warps):
+            held = launch_configs.get(capability, kernel.DEFAULT_CONFIG)
+            kernel.LAUNCH_CONFIGS[capability] = held if num_warps is None else held._replace(num_warps=num_warps)
+            self._observe()
+
+        @rule(kept=st.sampled_from([0, 1, 2, plans_kept]))
+        def keep_at_most(self, kept):
+            kernel.PLANS_KEPT = kept
+            self._observe()
+
         @rule()
         def forget_the_kept_tables(self):
             # a fresh process's state: the next call of each quant type keeps a new table (the old ones
             # stay alive here, as the plans that hold their addresses do)
             self.old_tables.append(dict(kernel._TABLES))
+            if BACKEND == "stand-in":
+                backend.forgotten_tables.extend(kernel._TABLES.values())
             kernel._TABLES.clear()
 
+        # ------------------------------------------------------------------ CUDA graphs (a GPU)
         @precondition(lambda self: BACKEND == "gpu")
-        @rule(weight=weights)
-        def capture_a_call(self, weight):
+        @rule(weight=weights, as_a_first_call=st.booleans(), replayed=st.booleans(), freed_after=st.booleans())
+        def capture_a_call(self, weight, as_a_first_call, replayed, freed_after):
+            # then eager calls: after a replay or before any (what the capture copied holds nothing yet),
+            # and after the graph is freed and its memory reused
             W, q = weight.W, weight.q
+            if as_a_first_call:  # as in a fresh process, or once its plan was dropped: no table kept, no plan
+                self.forget_the_kept_tables()
+                kernel._plans.pop(kernel.key_of(W, q), None)
             kept = dict(kernel._TABLES)
             validated, refusal = fresh_validation(kernel, W, q)
             for key in set(kernel._TABLES) - set(kept):  # (so that a first call is the captured one)
@@ -629,14 +861,19 @@ def make_machine(backend):
             torch.cuda.synchronize(gpu)
             with torch.cuda.graph(graph, stream=stream):
                 out = kernel.dequantize_nf4(W, q)
-            out.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize(gpu)
-            Stats.calls += 1
-            _same_layout(out, reference)
-            if not torch.equal(out, reference):
-                raise Finding("a captured call replayed other bits than bitsandbytes'")
+            if replayed:
+                out.fill_(float("nan"))
+                graph.replay()
+                torch.cuda.synchronize(gpu)
+                Stats.calls += 1
+                _same_layout(out, reference)
+                if not torch.equal(out, reference):
+                    raise Finding("a captured call replayed other bits than bitsandbytes'")
             self.graphs.append((graph, out))
+            if freed_after:
+                self.drop_graphs_and_reuse_their_memory()
+            else:
+                self._observe(weight)
 
         @precondition(lambda self: BACKEND == "gpu")
         @rule()
@@ -677,6 +914,111 @@ def _counting_hook(*args, **kwargs):
 _counting_hook.calls = 0
 
 
+class _FalsyHook(list):
+    """A launch hook that reads as False (an empty list): Triton calls any hook that is not None."""
+
+    def __call__(self, *args, **kwargs):
+        _counting_hook.calls += 1
+
+
+def _stages_hook(*args):
+    """Triton 3.7+'s add_stages_inspection_hook: called bare at each launch (a key and hash it compiles by),
+    and with the compiler's stages while it compiles (left as they are)."""
+    _counting_hook.calls += 1
+    return ("nf4-fuzz", "nf4-fuzz") if not args else None
+
+
+def _compile_hook_owner(runtime, jit):
+    """Where this Triton keeps the hook it calls before compiling: (owner, name)."""
+    if runtime is not None and hasattr(runtime, "jit_cache_hook"):
+        return runtime, "jit_cache_hook"
+    return type(jit), "cache_hook"
+
+
+def _flicker_value(steady, name):
+    """The other value a field reads once: a tensor's copy holding other values (another address), the other
+    quant type, another output dtype."""
+    if isinstance(steady, torch.Tensor):
+        return _other_values(steady)
+    if name == "quant_type":
+        return "fp4" if steady == "nf4" else "nf4"
+    return torch.float16 if steady != torch.float16 else torch.bfloat16
+
+
+def _as_it_is():
+    """The state as it is, for _judge_either: nothing to put back."""
+    return lambda: None
+
+
+def _put(owner, name, value):
+    """A state for _judge_either: owner.name set to value; it returns what sets it back."""
+    def enter():
+        held = getattr(owner, name)
+        setattr(owner, name, value)
+        return lambda: setattr(owner, name, held)
+    return enter
+
+
+class _Swap:
+    """A tensor swapped once and back (`t.data = ...`, or W.t_() twice): there() and back() each act once."""
+
+    def __init__(self, there, back):
+        self._there, self._back, self.swapped = there, back, False
+
+    def there(self):
+        if not self.swapped:
+            self._there()
+            self.swapped = True
+
+    def back(self):
+        if self.swapped:
+            self._back()
+            self.swapped = False
+
+    def entered(self):
+        """The swapped state, as a state for _judge_either."""
+        self.there()
+        return self.back
+
+
+def _swap_and_back(weight, field):
+    """A _Swap of W (t_()) or of a quant-state tensor (its data for other values), or None where there is none."""
+    if field == "W":
+        W = weight.W
+        return _Swap(W.t_, W.t_) if W.dim() == 2 else None
+    tensor = _get(weight.q, field)
+    if not isinstance(tensor, torch.Tensor) or not _holds_its_bytes(tensor):
+        return None
+    held, other = tensor.data, _other_values(tensor)
+
+    def there():
+        tensor.data = other
+
+    def back():
+        tensor.data = held
+    return _Swap(there, back)
+
+
+@contextlib.contextmanager
+def _reading_once(owner, name, other, read):
+    """owner.name reads `other` on its `read`-th read, its own value on every other (a property of a subclass
+    owner takes on meanwhile)."""
+    cls, reads = owner.__class__, [0]
+
+    def get(instance):
+        reads[0] += 1
+        return other if reads[0] == read else instance.__dict__[name]
+
+    def put(instance, value):
+        instance.__dict__[name] = value
+
+    owner.__class__ = type(cls.__name__, (cls,), {name: property(get, put)})
+    try:
+        yield
+    finally:
+        owner.__class__ = cls
+
+
 def _failures(error):
     """Each failure hypothesis found (several come as an ExceptionGroup): its type, message and shortest steps."""
     if isinstance(error, BaseExceptionGroup):
@@ -709,7 +1051,7 @@ def main(argv=None):
     print(json.dumps({"backend": args.backend, "gpus": backend.gpus, "triton": triton.__version__,
                       "fixed_seed": args.fixed_seed, "examples": Stats.examples, "calls": Stats.calls,
                       "outcomes": Stats.outcomes, "seconds": round(time.time() - started, 1),
-                      "failure": failure}))
+                      "failure": failure, "first_finding": Stats.findings[0] if Stats.findings else None}))
 
 
 if __name__ == "__main__":

@@ -122,6 +122,11 @@ def recorded(kernel, W, q):
     return [_marked(launch, out) for launch in offline_gpu.LAUNCHES[start:]], counts, out
 
 
+def key(kernel, W, q):
+    """The launch path's key of W and q as a call reads it (None: it makes none)."""
+    return kernel.key_of(W, q)
+
+
 def case(kernel, nested, dtype):
     """A new kind's first call, its plan, W.t() and another weight of the kind, each against Triton's launch."""
     W, q = weight(nested=nested, dtype=dtype, seed=1 if nested else 2)
@@ -163,7 +168,7 @@ def paths(kernel):
     report = {}
 
     def planned(W_, q_):
-        return kernel._plans.get(kernel.key_of(W_, q_)) is not None
+        return kernel._plans.get(key(kernel, W_, q_)) is not None
 
     report["a new kind"] = calls(lambda: kernel.dequantize_nf4(W, q))
     report["a plan that holds"] = calls(lambda: kernel.dequantize_nf4(W, q), times=2)
@@ -174,9 +179,9 @@ def paths(kernel):
     namespace = _namespace(q)
     report["a SimpleNamespace quant state"] = calls(lambda: kernel.dequantize_nf4(W, namespace), times=2) + [
         planned(W, namespace)]
-    W3, q3 = weight(shape=(16, 256), dtype=torch.float16, seed=62, offset=lambda o: o.half())
-    report["an offset converted for the call"] = calls(lambda: kernel.dequantize_nf4(W3, q3), times=2) + [
-        planned(W3, q3)]
+    W3, q3 = weight(shape=(16, 256), dtype=torch.float16, seed=62)  # first called in capture
+    report["a table copied in CUDA-graph capture"] = in_capture(kernel, lambda: calls(
+        lambda: kernel.dequantize_nf4(W3, q3), times=2) + [planned(W3, q3)])
     def again():
         return calls(lambda: kernel.dequantize_nf4(W, q), times=2)
 
@@ -190,15 +195,88 @@ def paths(kernel):
             clear_it()
     override = kernel.DEFAULT_CONFIG._replace(num_warps=8)
     report["CONFIG_OVERRIDE set"] = _with(kernel, "CONFIG_OVERRIDE", override, again)
+    configs = dict(kernel.LAUNCH_CONFIGS)  # changed in place after a plan exists
+    kernel.LAUNCH_CONFIGS[CAPABILITY] = configs[CAPABILITY]._replace(num_warps=2)
+    report["LAUNCH_CONFIGS changed"] = again()
+    kernel.LAUNCH_CONFIGS.update(configs)
+    calls(lambda: kernel.dequantize_nf4(W, q))  # (a plan again in the configuration in use: only the kernel differs)
+    original = kernel._dequantize_4bit_kernel  # the kernel cell run again: another JITFunction
+    kernel._dequantize_4bit_kernel = triton.jit(original.fn)
+    Counted.install(kernel)
+    report["the kernel cell run again"] = again()
+    kernel._dequantize_4bit_kernel = original
+    report["a compile hook that skips compiling"] = skipped_compile(kernel, triton_states(kernel)["a compile hook"])
     report["after all that, the plan"] = calls(lambda: kernel.dequantize_nf4(W, q))
     return report
 
 
+def in_capture(kernel, work):
+    """work() as during a CUDA graph's capture, before any call kept a table: each call's table is a copy of the
+    pinned one (here, the CPU's), its own."""
+    tables, capturing = dict(kernel._TABLES), kernel.capturing
+    kernel._TABLES.clear()
+    kernel._PINNED.update({kind: bnbf.get_4bit_type(kind, "cpu") for kind in ("nf4", "fp4")})
+    kernel.capturing = lambda device: True
+    try:
+        return work()
+    finally:
+        kernel.capturing = capturing
+        kernel._PINNED.clear()
+        kernel._TABLES.update(tables)
+
+
+def skipped_compile(kernel, hook):
+    """A new kind's first call while a compile hook skips compiling (Triton's launch then launches nothing and
+    returns None): nothing of it kept; once the hook is gone, its calls launch what Triton launches."""
+    W, q = weight(shape=(8, 384), dtype=torch.float32, seed=63)
+    set_it, clear_it = hook
+    skipping = _with(_hook, "skips", True, lambda: _skipping(kernel, W, q, set_it, clear_it))
+    try:
+        later = [recorded(kernel, W, q) for _ in range(2)]
+    except Exception as error:  # (a plan kept from the skipped call has no kernel to launch)
+        return {"while skipping": skipping, "launches after": f"raised {type(error).__name__}: {error}"}
+    return {"while skipping": skipping, "launches after": [counts for _, counts, _ in later],
+            "matches_triton": all(mine == triton_record(kernel, W, q) for mine, _, _ in later)}
+
+
+def _skipping(kernel, W, q, set_it, clear_it):
+    """(Triton's launches, C launches of any kind) per call of two, with the hook set."""
+    set_it()
+    try:
+        counts = []
+        for _ in range(2):
+            triton_runs, launches = Counted.triton, len(offline_gpu.LAUNCHES)
+            try:
+                kernel.dequantize_nf4(W, q)
+            except Exception as error:  # (a plan kept from the skipped call has no kernel to launch)
+                return counts + [f"raised {type(error).__name__}: {error}"]
+            counts.append([Counted.triton - triton_runs, len(offline_gpu.LAUNCHES) - launches])
+        return counts
+    finally:
+        clear_it()
+
+
 def _hook(*args, **kwargs):
     _hook.calls += 1
+    return _hook.skips  # (a compile hook that returns True skips the compile)
 
 
 _hook.calls = 0
+_hook.skips = False
+
+
+class FalsyHook(list):
+    """A hook that reads as False (an empty list) and counts its calls: Triton calls any hook that is not None."""
+
+    def __call__(self, *args, **kwargs):
+        _hook.calls += 1
+
+
+def _stages_hook(*args):
+    """Triton 3.7+'s add_stages_inspection_hook: called bare at each launch (a key and hash to compile by), and with
+    the compiler's stages while it compiles (left as they are)."""
+    _hook.calls += 1
+    return ("nf4-probe", "nf4-probe") if not args else None
 
 
 def triton_states(kernel):
@@ -217,6 +295,11 @@ def triton_states(kernel):
         else:
             states[f"a launch {which} hook"] = (lambda n=name: setattr(owner, n, _hook),
                                                  lambda n=name: setattr(owner, n, None))
+        states[f"a launch {which} hook that reads as False"] = (lambda n=name: setattr(owner, n, FalsyHook()),
+                                                                 lambda n=name, c=chain: setattr(owner, n, c))
+    if hasattr(owner, "add_stages_inspection_hook"):  # (3.7+)
+        states["a stages inspection hook"] = (lambda: setattr(owner, "add_stages_inspection_hook", _stages_hook),
+                                              lambda: setattr(owner, "add_stages_inspection_hook", None))
     if kernel.TRITON_VERSION < (3, 4):
         states["debug mode"] = (lambda: os.environ.__setitem__("TRITON_DEBUG", "1"),
                                 lambda: os.environ.pop("TRITON_DEBUG"))
@@ -228,6 +311,8 @@ def triton_states(kernel):
         states["an instrumentation mode"] = (lambda: setattr(compilation, "instrumentation_mode", "nf4-probe"),
                                              lambda: setattr(compilation, "instrumentation_mode", ""))
     states["a pre-run hook"] = (lambda: jit.pre_run_hooks.append(_hook), lambda: jit.pre_run_hooks.remove(_hook))
+    compile_hook = (owner, "jit_cache_hook") if hasattr(owner, "jit_cache_hook") else (type(jit), "cache_hook")
+    states["a compile hook"] = (lambda: setattr(*compile_hook, _hook), lambda: setattr(*compile_hook, None))
     states["the kernel's own debug flag"] = (lambda: setattr(jit, "debug", True), lambda: setattr(jit, "debug", None))
     return states
 
@@ -270,19 +355,30 @@ def another_gpu(kernel):
     return report
 
 
+def a_tensor_on_the_other_gpu(kernel):
+    """What a call answers where one quant-state tensor is on the other stand-in GPU: its error, or "returned"."""
+    W, q = weight(shape=(24, 128), dtype=torch.float16, seed=83, gpu=1)
+    q.absmax = offline_gpu.on_gpu(q.absmax, 0)
+    try:
+        kernel.dequantize_nf4(W, q)
+    except ValueError as error:
+        return str(error)
+    return "returned"
+
+
 def key_changes(kernel):
     """What changes a weight's key: each field (QUANT_STATE_FIELDS, STATE2_FIELDS) set to another value, each
     tensor's storage swapped (`t.data = ...`) or reinterpreted at its address (another dtype, fewer values), W
     changed in place. The names whose change left the key as it was (each must change it, or make it unreadable)."""
     W, q = weight(shape=(32, 128), seed=90)
-    key = kernel.key_of(W, q)
+    before = key(kernel, W, q)
     unseen = []
 
     def seen(name, change, undo):
         change()
         try:
-            same = kernel.key_of(W, q) == key
-        except (AttributeError, TypeError):  # unreadable: the call is validated
+            same = key(kernel, W, q) == before
+        except ValueError:  # a field missing: the call raises validation's error
             same = False
         undo()
         if same:
@@ -311,15 +407,17 @@ def key_changes(kernel):
                  lambda: setattr(tensor, "data", data))
     seen("W.t_()", W.t_, W.t_)
     shape = list(q.shape)
-    for name, other in (("a list shape", shape), ("a tuple shape of floats", tuple(map(float, shape)))):
-        q.shape = other  # no key: every call is validated
-        try:
-            hash(kernel.key_of(W, q))
+    others = {"a list shape": ("shape", shape), "a tuple shape of floats": ("shape", tuple(map(float, shape))),
+              "a shape holding a tensor": ("shape", (torch.tensor(shape[0]), shape[1])),
+              "quant_type a str subclass": ("quant_type", type("Nf4", (str,), {})("nf4")),
+              "nested a tensor": ("nested", torch.tensor(True)), "blocksize a bool": ("blocksize", True)}
+    for name, (field, other) in others.items():  # no key: every call is validated
+        held = getattr(q, field)
+        setattr(q, field, other)
+        if key(kernel, W, q) is not None:
             unseen.append(name)
-        except TypeError:
-            pass
-    q.shape = torch.Size(shape)
-    assert kernel.key_of(W, q) == key
+        setattr(q, field, held)
+    assert key(kernel, W, q) == before
     return unseen
 
 
@@ -335,7 +433,7 @@ SWEEP = {  # weights Triton may specialize apart
     "size 1": {"shape": (1, 1)},
     "size 4096": {"shape": (16, 256)},
     "fp32, plain absmax": {"nested": False, "dtype": torch.float32},
-    "fp64 offset": {"offset": lambda o: o.double().reshape(1)},
+    "a 1-d offset": {"offset": lambda o: o.reshape(1)},
     "fp16": {"dtype": torch.float16},
 }
 
@@ -351,12 +449,12 @@ def sweep(kernel):
         grid, args, constexprs, options = kernel.launch_arguments(layout, out, kernel.launch_config(CAPABILITY),
                                                                   CAPABILITY)
         compiled = kernel._dequantize_4bit_kernel[grid](*args, **constexprs, **options)
-        key = kernel.kind_key(args, constexprs, options, layout.packed.get_device())
-        compiled_of_key.setdefault(key, set()).add(id(compiled))
+        kind = kernel.kind_key(args, constexprs, options, layout.packed.get_device())
+        compiled_of_key.setdefault(kind, set()).add(id(compiled))
         results = [recorded(kernel, W, q) for _ in range(2)]
         rows[name] = {"matches_triton": all(mine == triton_record(kernel, W, q) for mine, _, _ in results),
                       "launches": [counts for _, counts, _ in results],
-                      "planned": kernel._plans.get(kernel.key_of(W, q)) is not None}
+                      "planned": kernel._plans.get(key(kernel, W, q)) is not None}
     return {"rows": rows, "keys": len(compiled_of_key), "kernels": len(set().union(*compiled_of_key.values())),
             "keys_with_two_kernels": sum(len(ids) > 1 for ids in compiled_of_key.values())}
 
@@ -364,7 +462,7 @@ def sweep(kernel):
 def other_quant_states(kernel):
     """Quant states people pass that are not a QuantState with a QuantState's state2: each call gets Triton's
     arguments for the equivalent QuantState and is planned; bitsandbytes' list format (before 0.41.2), with
-    state2 an object or a list, or a plain absmax: refused, the message naming the format."""
+    state2 an object or a list, or a plain absmax: refused, the message naming the list."""
     W, q = weight(shape=(48, 128), seed=30)
     expected = triton_record(kernel, W, q)
     with_namespace_state2 = copy.copy(q)
@@ -386,7 +484,7 @@ def other_quant_states(kernel):
         try:
             kernel.dequantize_nf4(W, form)
             report[name] = "no error"
-        except TypeError as error:
+        except ValueError as error:
             report[name] = str(error)
     return report
 
@@ -397,7 +495,7 @@ def a_launch_raises(kernel):
     W, q = weight(shape=(72, 128), seed=44)
     for _ in range(2):
         kernel.dequantize_nf4(W, q)
-    fake = offline_gpu.fake_launch_of(kernel._plans[kernel.key_of(W, q)].compiled)
+    fake = offline_gpu.fake_launch_of(kernel._plans[key(kernel, W, q)].compiled)
     fake.error = RuntimeError("CUDA error: an illegal memory access was encountered")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -430,7 +528,7 @@ def compiled_kernel_lifetime(kernel):
     W, q = weight(shape=(8, 256), seed=71)
     for _ in range(2):
         kernel.dequantize_nf4(W, q)
-    owner = weakref.ref(kernel._plans[kernel.key_of(W, q)].compiled)
+    owner = weakref.ref(kernel._plans[key(kernel, W, q)].compiled)
     jit = kernel._dequantize_4bit_kernel
     for cache in getattr(jit, "device_caches", {}).values():  # Triton 3.3+: (kernels, ...) per device
         cache[0].clear()
@@ -509,7 +607,8 @@ def main():
     report = {"triton": triton.__version__,
               "nested": case(kernel, True, torch.bfloat16), "plain": case(kernel, False, torch.float32),
               "paths": paths(kernel), "triton_state": triton_state_after_a_plan(kernel),
-              "another_gpu": another_gpu(kernel), "key_changes": key_changes(kernel), "sweep": sweep(kernel),
+              "another_gpu": another_gpu(kernel), "a_tensor_on_the_other_gpu": a_tensor_on_the_other_gpu(kernel),
+              "key_changes": key_changes(kernel), "sweep": sweep(kernel),
               "other_quant_states": other_quant_states(kernel), "a_launch_raises": a_launch_raises(kernel),
               "held_transposed": held_transposed(kernel), "compiled_kernel_lifetime": compiled_kernel_lifetime(kernel),
               "two_threads_first_call": two_threads_first_call(kernel), "t4_code": t4_code_launches(kernel)}

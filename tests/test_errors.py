@@ -1,6 +1,7 @@
 """Bad input: an error that names the problem, never a silently wrong tensor."""
 import copy
 import os
+import re
 
 import pytest
 import torch
@@ -19,29 +20,29 @@ def _state(layer):
 
 
 def test_missing_quant_state(kernel, layer):
-    with pytest.raises(ValueError, match="no quant_state, so it is not a bitsandbytes 4-bit weight"):
+    with pytest.raises(ValueError, match="W has no quant_state: not a bitsandbytes 4-bit weight"):
         kernel.dequantize_nf4(layer.weight, None)
 
 
 def test_a_plain_linear_layer_is_told_what_to_use(kernel):
-    with pytest.raises(ValueError, match="not a bitsandbytes 4-bit weight: use a bitsandbytes.nn.Linear4bit"):
+    with pytest.raises(ValueError, match=r"not a bitsandbytes 4-bit weight \(use bitsandbytes.nn.Linear4bit\)"):
         kernel.triton_dequantize_nf4(torch.nn.Linear(256, 64, bias=False))
 
 
 def test_a_linear4bit_not_yet_quantized_is_told_so(kernel):
     import bitsandbytes as bnb
     layer = bnb.nn.Linear4bit(256, 64, bias=None, compute_dtype=torch.bfloat16, quant_type="nf4")
-    with pytest.raises(ValueError, match=r"not quantized yet: bitsandbytes quantizes .* on its first "
-                                         r"\.to\(device\)"):
+    with pytest.raises(ValueError, match=r"not quantized yet \(it quantizes on its first \.to\(device\)\)"):
         kernel.triton_dequantize_nf4(layer)
 
 
 def test_a_weight_on_the_meta_device_is_refused_by_name(kernel, layer):
     qs = _state(layer)
     qs.absmax, qs.code = qs.absmax.to("meta"), qs.code.to("meta")
-    with pytest.raises(ValueError, match="meta device, which holds no data"):
+    with pytest.raises(ValueError, match=r"W holds no data \(on the meta device: load it first"):
         kernel.dequantize_nf4(layer.weight.data.to("meta"), qs)
-    with pytest.raises(ValueError, match=r"quant_state\.absmax is on meta"):  # W has data, its scales not
+    # W has data, its scales not (W on a GPU: "is on meta"; on the CPU, where meta also reads as device -1: no data)
+    with pytest.raises(ValueError, match=r"quant_state\.absmax (is on meta|holds no data \(on the meta device)"):
         kernel.dequantize_nf4(layer.weight, qs)
 
 
@@ -82,8 +83,16 @@ BROKEN_STATES = {
                           r"quant_state\.state2\.code holds 255 values, not 256"),
     "offset not a tensor": (lambda qs: setattr(qs, "offset", 0.5), TypeError,
                             r"quant_state\.offset must be a tensor, got float"),
-    "offset of two values": (lambda qs: setattr(qs, "offset", torch.zeros(2, device=qs.absmax.device)), TypeError,
-                             r"quant_state\.offset must be a floating-point tensor of one value"),
+    "offset of two values": (lambda qs: setattr(qs, "offset", torch.zeros(2, device=qs.absmax.device)), ValueError,
+                             r"quant_state\.offset holds 2 values, not 1"),
+    # bitsandbytes makes an fp32 offset (absmax.mean() of an fp32 absmax); another dtype is refused, not converted
+    "offset fp64": (lambda qs: setattr(qs, "offset", qs.offset.double()), TypeError,
+                    r"quant_state\.offset must be torch\.float32, got torch\.float64"),
+    "offset fp16": (lambda qs: setattr(qs, "offset", qs.offset.half()), TypeError,
+                    r"quant_state\.offset must be torch\.float32, got torch\.float16"),
+    # a str subclass may compare equal to anything: only a str is looked up (bitsandbytes' table for it)
+    "quant type a str subclass": (lambda qs: setattr(qs, "quant_type", type("Fp4", (str,), {"__eq__": lambda a, b: True,
+                                  "__hash__": str.__hash__})("fp4")), ValueError, "is not the str 'nf4' or 'fp4'"),
     "absmax not contiguous": (lambda qs: setattr(qs, "absmax", qs.absmax.repeat(2)[::2]), ValueError,
                               r"quant_state\.absmax is not contiguous"),
     "absmax not a tensor": (lambda qs: setattr(qs, "absmax", qs.absmax.tolist()), TypeError,
@@ -138,7 +147,7 @@ def test_a_weight_that_is_not_a_tensor(kernel, layer):
 
 def test_non_contiguous_weight(kernel, layer):
     W = layer.weight.data.reshape(-1, 2).t()
-    with pytest.raises(ValueError, match="not contiguous"):
+    with pytest.raises(ValueError, match="not a contiguous array"):
         kernel.dequantize_nf4(W, _state(layer))
 
 
@@ -154,6 +163,22 @@ def test_cpu_tensor_outside_the_interpreter(kernel):
     cpu_layer = helpers.make_layer(64, 256, torch.bfloat16, device="cpu")
     with pytest.raises(ValueError, match="runs on CUDA"):
         kernel.triton_dequantize_nf4(cpu_layer)
+
+
+@pytest.mark.parametrize("tensor", ["W", "absmax", "state2.absmax"])
+def test_a_storage_freed_after_a_good_call_is_refused_by_name(kernel, layer, tensor):
+    # FSDP frees a parameter's storage by resizing it to 0: its data_ptr reads 0, and nothing may launch on it
+    qs = _state(layer)
+    W = layer.weight.data.clone()
+    kernel.dequantize_nf4(W, qs)
+    owner, name = (qs.state2, "absmax") if tensor == "state2.absmax" else (qs, tensor)
+    freed = W if tensor == "W" else getattr(owner, name).clone()
+    if tensor != "W":
+        setattr(owner, name, freed)
+    freed.untyped_storage().resize_(0)
+    label = "W" if tensor == "W" else f"quant_state.{tensor}"
+    with pytest.raises(ValueError, match=rf"{re.escape(label)} holds no data \(.*storage was freed\)"):
+        kernel.dequantize_nf4(W, qs)
 
 
 def test_field_deleted_after_a_good_call(kernel, layer):

@@ -25,6 +25,7 @@ def _fuzz(*arguments, timeout=600):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     print(json.dumps(report))
     assert report["failure"] is None, report["failure"] + "\n" + result.stderr[-6000:]
+    assert report["first_finding"] is None, report
     return report
 
 
@@ -48,12 +49,31 @@ def test_the_fuzzer_finds_nothing_on_this_machines_gpus():
 # the fixes of the launch path's known faults, each undone in a copy of the notebook: the fuzzer must find each
 REVERTED_FIXES = {
     "W read by its address alone (W.t_(), W.data = a view, a stride-0 view)":
-        ("weight = (W.data_ptr(), W.dtype, W.shape, W.is_contiguous())", "weight = (W.data_ptr(),)"),
+        ("key = [*values, W.data_ptr(), W.dtype, W.shape, W.is_contiguous(), W.get_device()]",
+         "key = [*values, W.data_ptr()]"),
     "quant-state tensors read by their address alone (another dtype or size at the same address)":
-        ("return tensor.data_ptr(), tensor.dtype, tensor.numel(), tensor.is_contiguous()",
-         "return (tensor.data_ptr(),)"),
+        ("key += (t.data_ptr(), t.dtype, t.numel(), t.is_contiguous(), t.get_device())",
+         "key += (t.data_ptr(),)"),
     "a plan kept though its call made a temporary (a table copied during graph capture)":
         ("if key is not None and not layout.temporary and", "if key is not None and"),
+    "the fields read twice, by the key and again by validation":
+        ("layout = validate(W, quant_state, state)", "layout = validate(W, quant_state)"),
+    "validation of the tensors themselves, not aliases (t.data = ... and back during a first call)":
+        ("state = read_state(W, quant_state, detach=True)", "state = read_state(W, quant_state)"),
+    "a field of another type keyed by its value (nested as a tensor changed in place)":
+        ("if (tuple(map(type, values)) != FIELD_TYPES[:len(values)] or", "if (not values or"),
+    "a W of any type keyed (a proxy forwarding to W)":
+        ("FIELD_TYPES[:len(values)] or type(W) not in WEIGHT_TYPES", "FIELD_TYPES[:len(values)]"),
+    "a launch hook read by its truth (one that reads as False)":
+        ("if hook is not None and (not isinstance(hook, HOOK_CHAIN) or hook.calls):",
+         "if hook and (not isinstance(hook, HOOK_CHAIN) or hook.calls):"),
+    "a plan launched whatever the launch configuration (a LAUNCH_CONFIGS entry changed in place)":
+        ("return kernel is _dequantize_4bit_kernel and config is launch_config(capability)",
+         "return kernel is _dequantize_4bit_kernel"),
+    "a quant type of any str type looked up (a str subclass equal to anything poisons the tables)":
+        ("if type(quant_type) is not str or quant_type not in", "if quant_type not in"),
+    "only the launch hooks checked (a compile hook; on Triton 3.7+ the stages inspection hook)":
+        ('and not name.startswith(("kernel_load_", "kernel_unload_"))', 'and name.startswith("launch_")'),
 }
 
 
@@ -80,11 +100,13 @@ def test_the_fuzzer_finds_each_fault_once_its_fix_is_undone(tmp_path, fix):
     if capture != GPU:
         pytest.skip("graph capture needs a GPU" if capture else "run on the CPU stand-in")
     backend = "gpu" if GPU else "stand-in"
-    arguments = [sys.executable, str(SCRIPT), "--backend", backend, "--examples", "300", "--steps", "30",
+    arguments = [sys.executable, str(SCRIPT), "--backend", backend, "--examples", "1000", "--steps", "30",
                  "--fixed-seed"]
     environment = dict(os.environ, NF4_NOTEBOOK=str(_notebook_with(tmp_path, old, new)))
     result = subprocess.run(arguments, capture_output=True, text=True, timeout=900, env=environment)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    print(report["failure"])
-    assert report["failure"] is not None and "Finding" in report["failure"], report
+    print(report["failure"], report["first_finding"], sep="\n")
+    # (the first Finding raised: on a GPU, hypothesis' replay of a fault that hangs on memory reuse can end in
+    # its FlakyStrategyDefinition instead of the Finding)
+    assert report["failure"] is not None and report["first_finding"] is not None, report
