@@ -122,11 +122,6 @@ def recorded(kernel, W, q):
     return [_marked(launch, out) for launch in offline_gpu.LAUNCHES[start:]], counts, out
 
 
-def key(kernel, W, q):
-    """The launch path's key of W and q as a call reads it (None: it makes none)."""
-    return kernel.key_of(W, q)
-
-
 def case(kernel, nested, dtype):
     """A new kind's first call, its plan, W.t() and another weight of the kind, each against Triton's launch."""
     W, q = weight(nested=nested, dtype=dtype, seed=1 if nested else 2)
@@ -168,7 +163,7 @@ def paths(kernel):
     report = {}
 
     def planned(W_, q_):
-        return kernel._plans.get(key(kernel, W_, q_)) is not None
+        return kernel._plans.get(kernel.key_of(W_, q_)) is not None
 
     report["a new kind"] = calls(lambda: kernel.dequantize_nf4(W, q))
     report["a plan that holds"] = calls(lambda: kernel.dequantize_nf4(W, q), times=2)
@@ -371,13 +366,13 @@ def key_changes(kernel):
     tensor's storage swapped (`t.data = ...`) or reinterpreted at its address (another dtype, fewer values), W
     changed in place. The names whose change left the key as it was (each must change it, or make it unreadable)."""
     W, q = weight(shape=(32, 128), seed=90)
-    before = key(kernel, W, q)
+    before = kernel.key_of(W, q)
     unseen = []
 
     def seen(name, change, undo):
         change()
         try:
-            same = key(kernel, W, q) == before
+            same = kernel.key_of(W, q) == before
         except ValueError:  # a field missing: the call raises validation's error
             same = False
         undo()
@@ -414,10 +409,10 @@ def key_changes(kernel):
     for name, (field, other) in others.items():  # no key: every call is validated
         held = getattr(q, field)
         setattr(q, field, other)
-        if key(kernel, W, q) is not None:
+        if kernel.key_of(W, q) is not None:
             unseen.append(name)
         setattr(q, field, held)
-    assert key(kernel, W, q) == before
+    assert kernel.key_of(W, q) == before
     return unseen
 
 
@@ -454,7 +449,7 @@ def sweep(kernel):
         results = [recorded(kernel, W, q) for _ in range(2)]
         rows[name] = {"matches_triton": all(mine == triton_record(kernel, W, q) for mine, _, _ in results),
                       "launches": [counts for _, counts, _ in results],
-                      "planned": kernel._plans.get(key(kernel, W, q)) is not None}
+                      "planned": kernel._plans.get(kernel.key_of(W, q)) is not None}
     return {"rows": rows, "keys": len(compiled_of_key), "kernels": len(set().union(*compiled_of_key.values())),
             "keys_with_two_kernels": sum(len(ids) > 1 for ids in compiled_of_key.values())}
 
@@ -495,7 +490,7 @@ def a_launch_raises(kernel):
     W, q = weight(shape=(72, 128), seed=44)
     for _ in range(2):
         kernel.dequantize_nf4(W, q)
-    fake = offline_gpu.fake_launch_of(kernel._plans[key(kernel, W, q)].compiled)
+    fake = offline_gpu.fake_launch_of(kernel._plans[kernel.key_of(W, q)].compiled)
     fake.error = RuntimeError("CUDA error: an illegal memory access was encountered")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -528,7 +523,7 @@ def compiled_kernel_lifetime(kernel):
     W, q = weight(shape=(8, 256), seed=71)
     for _ in range(2):
         kernel.dequantize_nf4(W, q)
-    owner = weakref.ref(kernel._plans[key(kernel, W, q)].compiled)
+    owner = weakref.ref(kernel._plans[kernel.key_of(W, q)].compiled)
     jit = kernel._dequantize_4bit_kernel
     for cache in getattr(jit, "device_caches", {}).values():  # Triton 3.3+: (kernels, ...) per device
         cache[0].clear()
