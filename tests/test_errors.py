@@ -151,6 +151,19 @@ def test_non_contiguous_weight(kernel, layer):
         kernel.dequantize_nf4(W, _state(layer))
 
 
+def test_a_one_value_weight_whose_stride_is_0(kernel):
+    # the fuzzer's find: W a view of its one value with stride 0, which torch calls contiguous (a size-1 dim's
+    # stride is free), crashed in the byte view (RuntimeError) instead of being decoded or refused by name
+    import bitsandbytes.functional as bnbf
+    W, qs = bnbf.quantize_4bit(torch.randn(1, 4, device=DEVICE), quant_storage=torch.int16)  # 2 bytes: one int16
+    strided = W.as_strided(W.shape, (0,) * W.dim())
+    assert strided.is_contiguous() and strided.reshape(-1).stride() == (0,)
+    assert torch.equal(kernel.dequantize_nf4(strided, qs), kernel.dequantize_nf4(W, qs))
+    qs.shape = torch.Size([1, 64])  # 32 bytes of codes, which one value cannot hold
+    with pytest.raises(ValueError, match=r"W has 2 bytes; \(1, 64\) weights pack into 32"):
+        kernel.dequantize_nf4(strided, qs)
+
+
 def test_empty_weight(kernel, layer):
     qs = _state(layer)
     qs.shape = torch.Size([0, 256])
