@@ -9,8 +9,9 @@ hooks, debug mode, instrumentation mode, pre-run hooks), set after a plan exists
 GPU that is not current, first call and plan, with the GPU current and the stream each launch had; what changes
 the key (each field, a storage swapped, W changed in place); weights Triton specializes apart (the key must
 tell apart every pair Triton compiles apart); quant states that are not a QuantState; a launch that raises; the
-compiled kernel a kind keeps alive; two threads' first calls of one kind at once; benchmarks/t4_code.py's
-sm_75 launches. Own process."""
+compiled kernel a kind keeps alive; two threads' first calls of one kind at once; two threads keeping plans at
+once at the bound; benchmarks/t4_code.py's sm_75 launches. Own process."""
+import collections
 import copy
 import gc
 import json
@@ -571,6 +572,49 @@ def two_threads_first_call(kernel):
             "outputs": sorted(outputs), "later_calls_match_triton": matches}
 
 
+class _WaitingPlans(collections.OrderedDict):
+    """The launch path's plans, where each of the threads "first" and "second" reads their size and then waits (a
+    second at most) until the other has read it too: two threads keeping plans at once both read the size before
+    either keeps its plan, unless the keeping is locked."""
+
+    def __init__(self):
+        super().__init__()
+        self.read = {"first": threading.Event(), "second": threading.Event()}
+
+    def __len__(self):
+        size = super().__len__()
+        name = threading.current_thread().name
+        if name in self.read:
+            self.read[name].set()
+            self.read["second" if name == "first" else "first"].wait(timeout=1)
+        return size
+
+
+def two_threads_keep_at_the_bound(kernel):
+    """Two threads' first calls of a known kind keep their plans at once with one plan allowed: the plans kept
+    stay within PLANS_KEPT."""
+    weights = [weight(shape=(24, 256), dtype=torch.float32, seed=87 + i) for i in range(2)]
+    kernel.dequantize_nf4(*weight(shape=(24, 256), dtype=torch.float32, seed=86))  # (the kind is known)
+    outputs = {}
+
+    def work(name, W, q):
+        outputs[name] = kernel.dequantize_nf4(W, q)
+
+    plans, bound = kernel._plans, kernel.PLANS_KEPT
+    kernel._plans, kernel.PLANS_KEPT = _WaitingPlans(), 1
+    try:
+        threads = [threading.Thread(target=work, name=name, args=(name, *wq))
+                   for name, wq in zip(("first", "second"), weights)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        kept = dict.__len__(kernel._plans)
+    finally:
+        kernel._plans, kernel.PLANS_KEPT = plans, bound
+    return {"kept": kept, "bound": 1, "outputs": sorted(outputs)}
+
+
 def t4_code_launches(kernel):
     """benchmarks/t4_code.py's sm_75 launches: for ours, the JIT build's launcher called with the paste unit's
     launcher_arguments (the stand-in loads the sm_75 build under the JIT build's function handle), Triton's
@@ -606,7 +650,8 @@ def main():
               "key_changes": key_changes(kernel), "sweep": sweep(kernel),
               "other_quant_states": other_quant_states(kernel), "a_launch_raises": a_launch_raises(kernel),
               "held_transposed": held_transposed(kernel), "compiled_kernel_lifetime": compiled_kernel_lifetime(kernel),
-              "two_threads_first_call": two_threads_first_call(kernel), "t4_code": t4_code_launches(kernel)}
+              "two_threads_first_call": two_threads_first_call(kernel),
+              "two_threads_keep_at_the_bound": two_threads_keep_at_the_bound(kernel), "t4_code": t4_code_launches(kernel)}
     print(json.dumps(report))
 
 

@@ -6,7 +6,7 @@ to Triton's launch while set; a weight whose GPU is not current launches on its 
 storage swap and in-place change of W changes the key; the kind key tells apart what Triton compiles apart;
 quant states that are not a QuantState get Triton's arguments, bitsandbytes' old list format an error naming
 it; an error a launch raises reaches the caller; a plan keeps its compiled kernel alive; two threads' first calls
-of one kind at once make one kind."""
+of one kind at once make one kind, and two threads keeping plans at once keep no more than the bound."""
 import json
 import subprocess
 import sys
@@ -140,6 +140,11 @@ def test_two_threads_first_calls_of_one_kind_at_once(report):
     case = report["two_threads_first_call"]
     assert case == {"interleaved": True, "new_kinds": 1, "outputs": ["first", "second"],
                     "later_calls_match_triton": True}
+
+
+def test_two_threads_keeping_plans_at_once_stay_within_the_bound(report):
+    # both threads read the plans' size before either keeps its plan where keeping is not locked
+    assert report["two_threads_keep_at_the_bound"] == {"kept": 1, "bound": 1, "outputs": ["first", "second"]}
 
 
 def test_t4_codes_sm75_launch_passes_what_triton_passes(report):
