@@ -20,15 +20,17 @@ nested or not, blocksizes 64 to 4096, on either GPU); call it as W, W.t() or a p
 stream or another, in this thread or another; replace, swap (`t.data = ...`), change in place, reinterpret at
 the same address (another dtype, fewer values, stride 0), free (`resize_(0)`), delete or set to None each
 quant-state field, or set it to a value of another type (a tuple shape of floats or holding a tensor changed
-in place, nested as a tensor changed in place, a str subclass equal to anything); make one field read another
-value on one of its reads during a call; change W (`t_()`, `unsqueeze_(0)`, `.data` as a (1, n) view, a
-stride-0 view, its storage freed, freed and another allocated in its place); put everything back; switch
+in place, nested as a tensor changed in place, a str subclass equal to anything, a shape holding a size equal
+to anything); make one field read another value on one of its reads during a call; change W (`t_()`,
+`unsqueeze_(0)`, `.data` as a (1, n) view, a stride-0 view, a 0-dim view, its storage freed, freed and another
+allocated in its place); put everything back; switch
 the current GPU; set and clear a launch hook (a function, or one that reads as False), Triton's debug mode,
 an instrumentation mode, a stages inspection hook (3.7+), a pre-run hook and the kernel's own debug flag, and
 require each call made while one is set to go through Triton's launch; set CONFIG_OVERRIDE, change a
-LAUNCH_CONFIGS entry in place, keep at most one or two plans; on a GPU, capture a call in a CUDA graph (a
-process's first or not), replay it or not before eager calls, delete the graphs, empty the cache and allocate
-over the freed blocks.
+LAUNCH_CONFIGS entry in place, keep at most one or two plans; run the wrapper cell again (CONFIG_OVERRIDE set
+again, the same object, or not); make two threads' first calls race for a table; on a GPU, capture a call in a
+CUDA graph (a process's first or not), replay it or not before eager calls, delete the graphs, empty the cache
+and allocate over the freed blocks.
 
     python tests/launch_fuzz.py --backend stand-in|gpu [--examples N] [--steps K] [--gpus G] [--fixed-seed]
 
@@ -60,9 +62,12 @@ import bitsandbytes.functional as bnbf  # noqa: E402
 from hypothesis import HealthCheck, settings, strategies as st  # noqa: E402
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rule, run_state_machine_as_test  # noqa: E402
 
-from benchmarks.cells import load_kernel_cells  # noqa: E402
+from benchmarks.cells import NOTEBOOK, kernel_cell_sources, load_kernel_cells  # noqa: E402
 
 NAMED = "dequantize_nf4: "
+WRAPPER_CELL = kernel_cell_sources(NOTEBOOK)[1]  # (the kernel, the wrapper, the launch path)
+assert WRAPPER_CELL.startswith("# @title The wrapper"), WRAPPER_CELL[:80]
+WRAPPER_CELL_CODE = compile(WRAPPER_CELL, "the wrapper cell, run again", "exec")
 ROWS, COLUMNS = (1, 2, 3, 16, 33), (64, 96, 130, 256, 520)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCKSIZES = (64, 256, 4096)
@@ -403,6 +408,22 @@ class _EqualToAnything(str):
     __hash__ = str.__hash__
 
 
+class _SizeEqualToAnything(int):
+    """An int subclass that compares equal to everything and hashes as another size: a torch.Size keeps it as
+    it is, so a shape holding one hashes and compares as the shape it stands in for."""
+
+    def __new__(cls, value, hashed_as):
+        size = super().__new__(cls, value)
+        size.hashed_as = hashed_as
+        return size
+
+    def __eq__(self, other):
+        return True
+
+    def __hash__(self):
+        return hash(self.hashed_as)
+
+
 class _Proxy:
     """An object standing in for W that forwards every attribute to it: not a tensor."""
 
@@ -606,6 +627,13 @@ def make_machine(backend):
             self.forget_the_kept_tables()
             held = _get(weight.q, "quant_type")
             _set(weight.q, "quant_type", _EqualToAnything("fp4" if held == "nf4" else "nf4"))
+            self._observe(weight)
+
+        @rule(weight=weights)
+        def shape_holding_a_size_equal_to_anything(self, weight):
+            # twice the rows, equal to any size and hashed as the rows: a torch.Size keeps such an int as it is
+            shape = weight.fields["shape"]
+            _set(weight.q, "shape", torch.Size([_SizeEqualToAnything(shape[0] * 2, shape[0]), *shape[1:]]))
             self._observe(weight)
 
         @rule(weight=weights, dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.float64]),
@@ -829,6 +857,67 @@ def make_machine(backend):
         def keep_at_most(self, kept):
             kernel.PLANS_KEPT = kept
             self._observe()
+
+        @rule(override_again=st.booleans())
+        def run_the_wrapper_cell_again(self, override_again):
+            # as a notebook's user does: the wrapper's globals anew, then (or not) their own CONFIG_OVERRIDE set
+            # again, the same object, so that the plans made with it stand
+            held = kernel.CONFIG_OVERRIDE
+            exec(WRAPPER_CELL_CODE, vars(kernel))
+            validations.function = kernel.validate
+            kernel.validate = validations
+            if BACKEND == "stand-in":
+                kernel.device_capability = lambda device: (7, 5)
+            if override_again:
+                kernel.CONFIG_OVERRIDE = held
+            self._observe()
+
+        @rule(first=weights, second=weights)
+        def two_first_calls_race_for_the_table(self, first, second):
+            # two threads' first calls with no table kept: each makes its table (a GPU releases the GIL while
+            # it does), and the second thread's is done after the first thread's call has returned
+            accepted = all(weight.W is not None and fresh_validation(kernel, weight.W, weight.q)[1] is None
+                           for weight in (first, second))
+            self.forget_the_kept_tables()
+            if not accepted:
+                return  # (a refused state makes no table: there is no race)
+            for weight in (first, second):
+                kernel._plans.pop(kernel.key_of(weight.W, weight.q), None)
+            both_making, first_returned = threading.Barrier(2, timeout=5), threading.Event()
+            make = kernel.get_4bit_type
+
+            def racing(quant_type, device):
+                both_making.wait()
+                table = make(quant_type, device)
+                if threading.current_thread().name == "second":
+                    first_returned.wait(timeout=2)
+                return table
+
+            errors = []
+
+            def work(weight):
+                try:
+                    kernel.dequantize_nf4(weight.W, weight.q)
+                except Exception as error:
+                    errors.append(error)
+                finally:
+                    if threading.current_thread().name == "first":
+                        first_returned.set()
+
+            threads = [threading.Thread(target=work, name=name, args=(weight,))
+                       for name, weight in (("first", first), ("second", second))]
+            kernel.get_4bit_type = racing
+            try:
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+            finally:
+                kernel.get_4bit_type = make
+            for error in errors:
+                if not str(error).startswith(NAMED):
+                    raise Finding(f"a racing first call raised {type(error).__name__}: {error}") from error
+            self._observe(first, second)
 
         @rule()
         def forget_the_kept_tables(self):

@@ -651,7 +651,8 @@ def main():
               "other_quant_states": other_quant_states(kernel), "a_launch_raises": a_launch_raises(kernel),
               "held_transposed": held_transposed(kernel), "compiled_kernel_lifetime": compiled_kernel_lifetime(kernel),
               "two_threads_first_call": two_threads_first_call(kernel),
-              "two_threads_keep_at_the_bound": two_threads_keep_at_the_bound(kernel), "t4_code": t4_code_launches(kernel)}
+              "two_threads_keep_at_the_bound": two_threads_keep_at_the_bound(kernel),
+              "t4_code": t4_code_launches(kernel)}
     print(json.dumps(report))
 
 

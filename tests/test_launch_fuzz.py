@@ -74,6 +74,13 @@ REVERTED_FIXES = {
         ("if type(quant_type) is not str or quant_type not in", "if quant_type not in"),
     "only the launch hooks checked (a compile hook; on Triton 3.7+ the stages inspection hook)":
         ('and not name.startswith(("kernel_load_", "kernel_unload_"))', 'and name.startswith("launch_")'),
+    "a racing thread's table kept over the first one (whose address a plan holds)":
+        ("return _TABLES.setdefault((device, quant_type), table)",
+         "_TABLES[device, quant_type] = table\n    return table"),
+    "the tables made anew when the wrapper cell runs again (a plan holds an address in the old ones)":
+        ("_PINNED = {}  #", "_TABLES = {}\n_PINNED = {}  #"),
+    "a shape's sizes of any int type keyed (a size equal to anything)":
+        ("\n            or any(type(size) is not int for size in shape)):", "):"),
 }
 
 

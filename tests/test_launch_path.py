@@ -184,7 +184,7 @@ def test_bitsandbytes_table_is_kept_once_per_device_and_quant_type(kernel):
 @pytest.mark.gpu  # (the interpreter makes no plans)
 def test_a_plan_holds_no_tensor_and_the_plans_kept_are_bounded(kernel, monkeypatch):
     # a plan holds addresses read off W and its quant state, never a tensor (nothing stays on the GPU through
-    # it; the table it reads is the wrapper's, kept anyway); at most PLANS_KEPT are kept, the first kept dropped
+    # it; the table it reads is kept by _TABLES anyway); at most PLANS_KEPT are kept, the first kept dropped
     # first, and a dropped weight plans again on its next call
     layers = [_layer(shape=(32, 64), seed=26 + i) for i in range(5)]
     kernel.triton_dequantize_nf4(layers[0])
