@@ -78,7 +78,7 @@ REVERTED_FIXES = {
         ("return _TABLES.setdefault((device, quant_type), table)",
          "_TABLES[device, quant_type] = table\n    return table"),
     "the tables made anew when the wrapper cell runs again (a plan holds an address in the old ones)":
-        ("_PINNED = {}  #", "_TABLES = {}\n_PINNED = {}  #"),
+        ("_is_compiling = torch.compiler.is_compiling\n", "_is_compiling = torch.compiler.is_compiling\n_TABLES = {}\n"),
     "a shape's sizes of any int type keyed (a size equal to anything)":
         ("\n            or any(type(size) is not int for size in shape)):", "):"),
 }
