@@ -536,6 +536,24 @@ def compiled_kernel_lifetime(kernel):
             "matches_triton": mine == triton_record(kernel, W, q)}
 
 
+def _first_and_second_at_once(kernel, weights):
+    """kernel.dequantize_nf4 of two (W, q) at once, in threads named "first" and "second": the names of the
+    threads whose call returned."""
+    returned = []
+
+    def work(name, W, q):
+        kernel.dequantize_nf4(W, q)
+        returned.append(name)
+
+    threads = [threading.Thread(target=work, name=name, args=(name, *wq))
+               for name, wq in zip(("first", "second"), weights)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sorted(returned)
+
+
 def two_threads_first_call(kernel):
     """Two threads make the first call of one new kind at once, their Triton launches interleaved (the first waits
     inside its launch until the second is launching): both get Triton's arguments, one kind is kept."""
@@ -551,25 +569,15 @@ def two_threads_first_call(kernel):
             second_launching.wait(timeout=10)
         return call(self, *values)
 
-    outputs = {}
-
-    def work(name, W, q):
-        outputs[name] = kernel.dequantize_nf4(W, q)
-
     kinds = len(kernel._kinds)
     launcher.__call__ = interleaved
     try:
-        threads = [threading.Thread(target=work, name=name, args=(name, *wq))
-                   for name, wq in zip(("first", "second"), weights)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        returned = _first_and_second_at_once(kernel, weights)
     finally:
         launcher.__call__ = call
     matches = all(recorded(kernel, W, q)[0] == triton_record(kernel, W, q) for W, q in weights)
     return {"interleaved": second_launching.is_set(), "new_kinds": len(kernel._kinds) - kinds,
-            "outputs": sorted(outputs), "later_calls_match_triton": matches}
+            "outputs": returned, "later_calls_match_triton": matches}
 
 
 class _WaitingPlans(collections.OrderedDict):
@@ -595,24 +603,14 @@ def two_threads_keep_at_the_bound(kernel):
     stay within PLANS_KEPT."""
     weights = [weight(shape=(24, 256), dtype=torch.float32, seed=87 + i) for i in range(2)]
     kernel.dequantize_nf4(*weight(shape=(24, 256), dtype=torch.float32, seed=86))  # (the kind is known)
-    outputs = {}
-
-    def work(name, W, q):
-        outputs[name] = kernel.dequantize_nf4(W, q)
-
     plans, bound = kernel._plans, kernel.PLANS_KEPT
     kernel._plans, kernel.PLANS_KEPT = _WaitingPlans(), 1
     try:
-        threads = [threading.Thread(target=work, name=name, args=(name, *wq))
-                   for name, wq in zip(("first", "second"), weights)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        returned = _first_and_second_at_once(kernel, weights)
         kept = dict.__len__(kernel._plans)
     finally:
         kernel._plans, kernel.PLANS_KEPT = plans, bound
-    return {"kept": kept, "bound": 1, "outputs": sorted(outputs)}
+    return {"kept": kept, "bound": 1, "outputs": returned}
 
 
 def t4_code_launches(kernel):
