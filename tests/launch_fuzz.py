@@ -15,22 +15,22 @@ Two backends, one machine:
   of the freshly validated state, made with W's GPU current and its stream by the fuzzer (the stand-in's
   record of every launch); shape, strides and dtype are bitsandbytes' (on the CPU) where it accepts the state.
 
-What it does, drawn at random (a rule each): make a weight (odd sizes and (1, n), fp16/bf16/fp32, nf4/fp4,
-nested or not, blocksizes 64 to 4096, on either GPU); call it as W, W.t() or a proxy of W, on the current
-stream or another, in this thread or another; replace, swap (`t.data = ...`), change in place, reinterpret at
-the same address (another dtype, fewer values, stride 0), free (`resize_(0)`), delete or set to None each
-quant-state field, or set it to a value of another type (a tuple shape of floats or holding a tensor changed
-in place, nested as a tensor changed in place, a str subclass equal to anything, a shape holding a size equal
-to anything); make one field read another value on one of its reads during a call; change W (`t_()`,
-`unsqueeze_(0)`, `.data` as a (1, n) view, a stride-0 view, a 0-dim view, its storage freed, freed and another
-allocated in its place); put everything back; switch
-the current GPU; set and clear a launch hook (a function, or one that reads as False), Triton's debug mode,
-an instrumentation mode, a stages inspection hook (3.7+), a pre-run hook and the kernel's own debug flag, and
-require each call made while one is set to go through Triton's launch; set CONFIG_OVERRIDE, change a
-LAUNCH_CONFIGS entry in place, keep at most one or two plans; run the wrapper cell again (CONFIG_OVERRIDE set
-again, the same object, or not); make two threads' first calls race for a table; on a GPU, capture a call in a
-CUDA graph (a process's first or not), replay it or not before eager calls, delete the graphs, empty the cache
-and allocate over the freed blocks.
+What it does, drawn at random (a rule each): make a weight (odd sizes and (1, n), fp16/bf16/fp32, nf4/fp4, nested
+or not, blocksizes 64 to 4096, on either GPU); call it as W, W.t() or a proxy of W, on the current stream or
+another, in this thread or another; replace, swap (`t.data = ...`), change in place, reinterpret at the same
+address (another dtype, fewer values, stride 0, a lazily negated view), shrink its storage at its address
+(`resize_`), make it sparse, free it (`resize_(0)`), delete or set to None each quant-state field, or set it to a
+value of another type (a tuple shape of floats or holding a tensor changed in place, nested as a tensor changed in
+place, a str subclass equal to anything, a shape holding a size equal to anything); make one field read another
+value on one of its reads during a call; change W (`t_()`, `unsqueeze_(0)`, `.data` as a (1, n) view, a stride-0
+view, a 0-dim view, a lazily negated view, its bytes as complex, called, then their lazy conjugate, its storage
+shrunk or freed, freed and another allocated in its place); put everything back; switch the current GPU; set and
+clear a launch hook (a function, or one that reads as False), Triton's debug mode, an instrumentation mode, a
+stages inspection hook (3.7+), a pre-run hook and the kernel's own debug flag, and require each call made while one
+is set to go through Triton's launch; set CONFIG_OVERRIDE, change a LAUNCH_CONFIGS entry in place, keep at most one
+or two plans; run the wrapper cell again (CONFIG_OVERRIDE set again, the same object, or not); make two threads'
+first calls race for a table; on a GPU, capture a call in a CUDA graph (a process's first or not), replay it or not
+before eager calls, delete the graphs, empty the cache and allocate over the freed blocks.
 
     python tests/launch_fuzz.py --backend stand-in|gpu [--examples N] [--steps K] [--gpus G] [--fixed-seed]
 
@@ -40,6 +40,7 @@ the first Finding raised.
 import argparse
 import contextlib
 import copy
+import gc
 import json
 import os
 import sys
@@ -335,12 +336,30 @@ def _tensor_changes(backend):
         "t.data = same address, stride 0": lambda t: _swap(t, _stride_0(t.data)),
         "on another device": other_gpu,
         "a copy whose storage is freed": _freed_copy,
+        "a lazily negated view at its address": torch._neg_view,
+        "t.data = a lazily negated view at its address": lambda t: _swap(t, torch._neg_view(t.data)),
+        "its storage shrunk at its address": _shrunk,
+        "a sparse copy": lambda t: t.to_sparse(),
     }
 
 
 def _holds_its_bytes(t):
-    """Whether t's storage holds the bytes t spans (not freed): only then may a change read or write them."""
+    """Whether t is a dense tensor of its own values (not sparse, nor a lazily negated or conjugated view) and its
+    storage holds the bytes t spans (not freed, nor shrunk): only then may a change read or write them."""
+    if t.layout != torch.strided or t.is_neg() or t.is_conj():
+        return False
     return t.untyped_storage().nbytes() >= (t.storage_offset() + t.numel()) * t.element_size()
+
+
+def _shrunk(t):
+    """t's storage shrunk in place by resize_, twice, one byte then two: the second often gets the first's address
+    back (the allocator hands the freed block out again), with t now spanning past its storage's end."""
+    if _holds_its_bytes(t) and t.nbytes > 2:
+        storage = t.untyped_storage()
+        nbytes = storage.nbytes()
+        storage.resize_(nbytes - 1)
+        storage.resize_(nbytes - 2)
+    return None
 
 
 def _freed_copy(t):
@@ -393,7 +412,7 @@ def _other_values_of(name):
         "blocksize": [64, 128, 4096, 48, 16, 64.0, True],
         "nested": [True, False, "a tensor", "its tensor changed in place"],
         "state2": [None, "another weight's"],
-        "state2.blocksize": [256, 128, 3, 256.0],
+        "state2.blocksize": [256, 128, 3, 256.0, 2**31],
         "state2.dtype": [torch.float32, torch.float16],
         "state2.nested": [False, True, "a tensor", "its tensor changed in place"],
     }[name]
@@ -726,6 +745,9 @@ def make_machine(backend):
         # ------------------------------------------------------------------ changing W
         @rule(weight=weights, how=st.sampled_from(["t_()", "unsqueeze_(0)", "W.data = a (1, n) view",
                                                     "W.data = a stride-0 view", "W.data = a 0-dim view",
+                                                    "W.data = a lazily negated view",
+                                                    "as complex, called, then its conjugate",
+                                                    "its storage shrunk",
                                                     "its storage freed",
                                                     "freed, another in its place", "put back"]))
         def change_w(self, weight, how):
@@ -744,6 +766,15 @@ def make_machine(backend):
                 W.data = W.data.as_strided(W.shape, (0,) * W.dim())
             elif how == "W.data = a 0-dim view":
                 W.data = W.data.reshape(-1)[0]
+            elif how == "W.data = a lazily negated view":
+                W.data = torch._neg_view(W.data)
+            elif how == "as complex, called, then its conjugate":  # (a lazy view of the bytes called)
+                if W.is_contiguous() and W.nbytes % 8 == 0 and W.dim() > 0:
+                    W.data = W.data.reshape(-1).view(torch.uint8).view(torch.complex64).view(-1, 1)
+                    self._observe(weight)
+                    W.data = W.data.conj()
+            elif how == "its storage shrunk":
+                _shrunk(W)
             elif how == "its storage freed":
                 if _holds_its_bytes(W):  # (a copy's: the views of W taken earlier keep theirs)
                     W.data = W.data.clone()
@@ -948,8 +979,15 @@ def make_machine(backend):
             gpu = backend.gpu_of(W)  # (captured on W's GPU, whichever is current: the graph makes it current)
             graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream(device=gpu)
             torch.cuda.synchronize(gpu)
-            with torch.cuda.graph(graph, stream=stream):
-                out = kernel.dequantize_nf4(W, q)
+            # no collection during the capture: an earlier graph freed then (one an old exception's frames kept
+            # in a cycle) would end it ("operation not permitted when stream is capturing", then every launch fails)
+            gc.collect()
+            gc.disable()
+            try:
+                with torch.cuda.graph(graph, stream=stream):
+                    out = kernel.dequantize_nf4(W, q)
+            finally:
+                gc.enable()
             if replayed:
                 out.fill_(float("nan"))
                 graph.replay()

@@ -364,8 +364,9 @@ def a_tensor_on_the_other_gpu(kernel):
 
 def key_changes(kernel):
     """What changes a weight's key: each field (QUANT_STATE_FIELDS, STATE2_FIELDS) set to another value, each
-    tensor's storage swapped (`t.data = ...`) or reinterpreted at its address (another dtype, fewer values), W
-    changed in place. The names whose change left the key as it was (each must change it, or make it unreadable)."""
+    tensor's storage swapped (`t.data = ...`) or reinterpreted at its address (another dtype, fewer values, stride
+    0, a lazily negated view, a storage of another extent), W changed in place or conjugated. The names whose change
+    left the key as it was (each must change it, or make it unreadable)."""
     W, q = weight(shape=(32, 128), seed=90)
     before = kernel.key_of(W, q)
     unseen = []
@@ -401,7 +402,23 @@ def key_changes(kernel):
         if data.numel() > 1:  # (one value's stride-0 view is itself)
             seen(f"{name}.data stride 0", lambda: setattr(tensor, "data", data.reshape(-1)[:1].expand(data.numel())),
                  lambda: setattr(tensor, "data", data))
+        seen(f"{name}.data a lazily negated view", lambda: setattr(tensor, "data", torch._neg_view(data)),
+             lambda: setattr(tensor, "data", data))
+        # the same values at the same address, on storages of two extents: on the CPU, a numpy array's view
+        # shares its memory with a storage of its own extent (resize_ may shrink a storage in place as well)
+        wide = torch.zeros(2 * data.nbytes, dtype=torch.uint8)
+        narrow = torch.from_numpy(wide.numpy()[:data.nbytes])
+        keys = []
+        for storage in (wide, narrow):
+            tensor.data = storage[:data.nbytes].view(data.dtype).view(data.shape)
+            keys.append(kernel.key_of(W, q))
+        tensor.data = data
+        if keys[0] == keys[1]:
+            unseen.append(f"{name}.data at its address on a storage of another extent")
     seen("W.t_()", W.t_, W.t_)
+    complex_W = W.data.reshape(-1).view(torch.complex64)  # (W's bytes; a conjugate is a lazy view of them)
+    if kernel.key_of(complex_W, q) == kernel.key_of(complex_W.conj(), q):
+        unseen.append("W's bytes as complex, conjugated")
     shape = list(q.shape)
     others = {"a list shape": ("shape", shape), "a tuple shape of floats": ("shape", tuple(map(float, shape))),
               "a shape holding a tensor": ("shape", (torch.tensor(shape[0]), shape[1])),

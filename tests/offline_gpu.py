@@ -76,6 +76,8 @@ def on_gpu(tensor, gpu):
 
 
 def _stand_in_get_device(tensor):
+    if tensor.layout != torch.strided:  # (a sparse tensor has no storage: on GPU 0, as made)
+        return 0
     address = tensor.untyped_storage().data_ptr()
     for gpu, (blocks, _) in GPUS.memory.items():
         for block in blocks:

@@ -97,10 +97,19 @@ BROKEN_STATES = {
     "quant type a str subclass": (lambda qs: setattr(qs, "quant_type", type("Fp4", (str,), {"__eq__": lambda a, b: True,
                                   "__hash__": str.__hash__})("fp4")), ValueError, "is not the str 'nf4' or 'fp4'"),
     "absmax not contiguous": (lambda qs: setattr(qs, "absmax", qs.absmax.repeat(2)[::2]), ValueError,
-                              r"quant_state\.absmax is not contiguous"),
+                              r"quant_state\.absmax is not a contiguous array"),
     "absmax not a tensor": (lambda qs: setattr(qs, "absmax", qs.absmax.tolist()), TypeError,
                             r"quant_state\.absmax must be a tensor, got list"),
     "quant type": (lambda qs: setattr(qs, "quant_type", "int4"), ValueError, "quant_type 'int4'"),
+    # the kernel reads bytes: a lazy view's bytes are not its values (bitsandbytes reads them raw too, but adds
+    # the offset by torch's arithmetic, which resolves it)
+    "offset a lazily negated view": (lambda qs: setattr(qs, "offset", torch._neg_view(qs.offset)), ValueError,
+                                     r"quant_state\.offset is a lazily negated or conjugated view: resolve it"),
+    "absmax sparse": (lambda qs: setattr(qs, "absmax", qs.absmax.to_sparse()), ValueError,
+                      r"quant_state\.absmax is not a contiguous array"),
+    # a blocksize past int32 failed in Triton's compiler (the kernel's BLOCKSIZE2 is a constexpr)
+    "state2 blocksize 2**31": (lambda qs: setattr(qs.state2, "blocksize", 2**31), ValueError,
+                               r"quant_state\.state2\.blocksize 2147483648 is not a power of two below 2\*\*31"),
 }
 
 
@@ -194,6 +203,48 @@ def test_a_storage_freed_after_a_good_call_is_refused_by_name(kernel, layer, ten
     freed.untyped_storage().resize_(0)
     label = "W" if tensor == "W" else f"quant_state.{tensor}"
     with pytest.raises(ValueError, match=rf"{re.escape(label)} holds no data \(.*storage was freed\)"):
+        kernel.dequantize_nf4(W, qs)
+
+
+@pytest.mark.parametrize("tensor", ["W", "absmax", "offset"])
+def test_a_lazily_negated_view_after_a_good_call_is_refused_by_name(kernel, layer, tensor):
+    # at the address, dtype and size a plan was made for: the key holds the sign bit, so the view is validated
+    qs = _state(layer)
+    W = layer.weight.data.clone()
+    for _ in range(2):
+        kernel.dequantize_nf4(W, qs)
+    if tensor == "W":
+        W = torch._neg_view(W)
+    else:
+        setattr(qs, tensor, torch._neg_view(getattr(qs, tensor)))
+    label = "W" if tensor == "W" else f"quant_state.{tensor}"
+    with pytest.raises(ValueError, match=rf"{re.escape(label)} is a lazily negated or conjugated view"):
+        kernel.dequantize_nf4(W, qs)
+
+
+def test_a_weight_conjugated_after_a_good_call_is_refused_by_name(kernel, layer):
+    # W's bytes as complex64 decode as they are (bitsandbytes reads them raw); its conjugate is a lazy view of them
+    import bitsandbytes.functional as bnbf
+    qs = _state(layer)
+    W = layer.weight.data.reshape(-1).view(torch.complex64)
+    for _ in range(2):
+        assert torch.equal(kernel.dequantize_nf4(W, qs), bnbf.dequantize_4bit(W, qs))
+    with pytest.raises(ValueError, match=r"W is a lazily negated or conjugated view"):
+        kernel.dequantize_nf4(W.conj(), qs)
+
+
+def test_a_storage_shrunk_in_place_after_a_good_call_is_refused_by_name(kernel, layer):
+    # resize_ twice: the second often gets the first's address back (the allocator hands the freed block out
+    # again), W now spanning past its storage's end; the key holds the storage's extent
+    qs = _state(layer)
+    W = layer.weight.data.clone()
+    for _ in range(2):
+        kernel.dequantize_nf4(W, qs)
+    storage = W.untyped_storage()
+    nbytes = storage.nbytes()
+    storage.resize_(nbytes - 1)
+    storage.resize_(nbytes - 2)
+    with pytest.raises(ValueError, match=r"W holds no data \(.*storage was freed\)"):
         kernel.dequantize_nf4(W, qs)
 
 
