@@ -34,12 +34,13 @@ before eager calls, delete the graphs, empty the cache and allocate over the fre
 
     python tests/launch_fuzz.py --backend stand-in|gpu [--examples N] [--steps K] [--gpus G] [--fixed-seed]
 
-prints one JSON line: the examples and calls run, the failure hypothesis found (its shortest steps), if any, and
-the first Finding raised.
+prints one JSON line: the examples and calls run, the failure hypothesis found (its shortest steps), if any, the
+first Finding raised and the first other exception a call's check or graph work raised.
 """
 import argparse
 import contextlib
 import copy
+import functools
 import gc
 import json
 import os
@@ -97,6 +98,7 @@ class Stats:
     examples = 0
     outcomes = {}  # "bits through a plan", "bits, validated", "refused" -> count
     findings = []  # each Finding's message, as raised
+    errors = []  # each other exception a call's check or graph work raised (_recording_errors)
 
     @classmethod
     def count(cls, outcome):
@@ -558,6 +560,7 @@ def make_machine(backend):
             if outcome[0] is not None:
                 raise outcome[0]
 
+        @_recording_errors
         def _checked_call(self, W, q):
             ours, launches, planned = self._call(W, q)
             validated, refusal = fresh_validation(kernel, W, q)
@@ -962,6 +965,7 @@ def make_machine(backend):
         # ------------------------------------------------------------------ CUDA graphs (a GPU)
         @precondition(lambda self: BACKEND == "gpu")
         @rule(weight=weights, as_a_first_call=st.booleans(), replayed=st.booleans(), freed_after=st.booleans())
+        @_recording_errors
         def capture_a_call(self, weight, as_a_first_call, replayed, freed_after):
             # then eager calls: after a replay or before any (what the capture copied holds nothing yet),
             # and after the graph is freed and its memory reused
@@ -1004,6 +1008,7 @@ def make_machine(backend):
 
         @precondition(lambda self: BACKEND == "gpu")
         @rule()
+        @_recording_errors
         def drop_graphs_and_reuse_their_memory(self):
             self.graphs.clear()
             torch.cuda.synchronize()
@@ -1013,6 +1018,22 @@ def make_machine(backend):
             self._observe()
 
     return LaunchPath
+
+
+def _recording_errors(function):
+    """function, recording each exception other than a Finding that it raises: a launch on freed memory can first
+    show as the GPU's error in the fuzzer's own comparison or graph work, and hypothesis' replays of a fault that
+    depends on the GPU's memory may not raise it again."""
+    @functools.wraps(function)
+    def recorded(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except Finding:
+            raise
+        except Exception as error:
+            Stats.errors.append(f"{type(error).__name__}: {error}")
+            raise
+    return recorded
 
 
 class _Counted:
@@ -1178,7 +1199,8 @@ def main(argv=None):
     print(json.dumps({"backend": args.backend, "gpus": backend.gpus, "triton": triton.__version__,
                       "fixed_seed": args.fixed_seed, "examples": Stats.examples, "calls": Stats.calls,
                       "outcomes": Stats.outcomes, "seconds": round(time.time() - started, 1),
-                      "failure": failure, "first_finding": Stats.findings[0] if Stats.findings else None}))
+                      "failure": failure, "first_finding": Stats.findings[0] if Stats.findings else None,
+                      "first_error": Stats.errors[0] if Stats.errors else None}))
 
 
 if __name__ == "__main__":

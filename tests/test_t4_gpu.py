@@ -292,17 +292,18 @@ def test_subnormal_scales_differ_only_where_bitsandbytes_flushes_them(kernel, dt
 def as_capability(kernel, monkeypatch):
     """Make torch report another compute capability to the kernel cells. Triton's driver binds
     torch.cuda.get_device_capability when it starts, so it is started first and keeps building for
-    the real GPU. The cells ask once per device: their answer is forgotten before and after."""
+    the real GPU. The cells ask on a weight's first call, and its plan keeps the answer: the plans are
+    forgotten before and after."""
     real = triton.runtime.driver.active.get_current_target().arch
 
     def patch(capability):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-        kernel._CAPABILITIES.clear()
+        kernel._plans.clear()
         return real
 
     yield patch
     monkeypatch.undo()
-    kernel._CAPABILITIES.clear()
+    kernel._plans.clear()
 
 
 def _expected_t4_config(kernel, n):
