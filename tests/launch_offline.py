@@ -405,16 +405,20 @@ def key_changes(kernel):
         seen(f"{name}.data a lazily negated view", lambda: setattr(tensor, "data", torch._neg_view(data)),
              lambda: setattr(tensor, "data", data))
         # the same values at the same address, on storages of two extents: on the CPU, a numpy array's view
-        # shares its memory with a storage of its own extent (resize_ may shrink a storage in place as well)
-        wide = torch.zeros(2 * data.nbytes, dtype=torch.uint8)
-        narrow = torch.from_numpy(wide.numpy()[:data.nbytes])
-        keys = []
-        for storage in (wide, narrow):
-            tensor.data = storage[:data.nbytes].view(data.dtype).view(data.shape)
-            keys.append(kernel.key_of(W, q))
+        # shares its memory with a storage of its own extent (resize_ may shrink a storage in place as well),
+        # and on two storages of one extent that start apart: the same address at two offsets
+        n = data.nbytes
+        memory = torch.zeros(3 * n, dtype=torch.uint8).numpy()
+        storages = {"long": (torch.from_numpy(memory[n:3 * n]), 0), "short": (torch.from_numpy(memory[n:2 * n]), 0),
+                    "started earlier": (torch.from_numpy(memory[0:2 * n]), n)}
+        keys = {}
+        for label, (storage, offset) in storages.items():
+            tensor.data = storage[offset:offset + n].view(data.dtype).view(data.shape)
+            keys[label] = kernel.key_of(W, q)
         tensor.data = data
-        if keys[0] == keys[1]:
-            unseen.append(f"{name}.data at its address on a storage of another extent")
+        for label in ("short", "started earlier"):
+            if keys[label] == keys["long"]:
+                unseen.append(f"{name}.data at its address on a storage {label}")
     seen("W.t_()", W.t_, W.t_)
     complex_W = W.data.reshape(-1).view(torch.complex64)  # (W's bytes; a conjugate is a lazy view of them)
     if kernel.key_of(complex_W, q) == kernel.key_of(complex_W.conj(), q):
@@ -423,11 +427,16 @@ def key_changes(kernel):
     others = {"a list shape": ("shape", shape), "a tuple shape of floats": ("shape", tuple(map(float, shape))),
               "a shape holding a tensor": ("shape", (torch.tensor(shape[0]), shape[1])),
               "quant_type a str subclass": ("quant_type", type("Nf4", (str,), {})("nf4")),
-              "nested a tensor": ("nested", torch.tensor(True)), "blocksize a bool": ("blocksize", True)}
-    for name, (field, other) in others.items():  # no key: every call is validated
+              "nested a tensor": ("nested", torch.tensor(True)), "blocksize a bool": ("blocksize", True),
+              "absmax sparse": ("absmax", q.absmax.to_sparse())}
+    for name, (field, other) in others.items():  # no key: every call is validated (key_of answers, never raises)
         held = getattr(q, field)
         setattr(q, field, other)
-        if kernel.key_of(W, q) is not None:
+        try:
+            keyed = kernel.key_of(W, q) is not None
+        except Exception:
+            keyed = True
+        if keyed:
             unseen.append(name)
         setattr(q, field, held)
     assert kernel.key_of(W, q) == before
