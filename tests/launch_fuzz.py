@@ -906,12 +906,15 @@ def make_machine(backend):
                 kernel.CONFIG_OVERRIDE = held
             self._observe()
 
-        @rule(first=weights, second=weights)
-        def two_first_calls_race_for_the_table(self, first, second):
-            # two threads' first calls with no table kept: each makes its table (a GPU releases the GIL while
-            # it does), and the second thread's is done after the first thread's call has returned
-            accepted = all(weight.W is not None and fresh_validation(kernel, weight.W, weight.q)[1] is None
-                           for weight in (first, second))
+        @rule(weight=weights)
+        def two_first_calls_race_for_the_table(self, weight):
+            # two threads' first calls with no table kept, on the weight and on a copy of its quant state (one
+            # table for both: the same quant type and GPU): each makes its table (a GPU releases the GIL while it
+            # does), and the second thread's is done after the first thread's call has returned
+            if weight.W is None or not _holds_its_bytes(weight.W):
+                return
+            first, second = weight, self._with_own_tensors(weight)
+            accepted = all(fresh_validation(kernel, each.W, each.q)[1] is None for each in (first, second))
             self.forget_the_kept_tables()
             if not accepted:
                 return  # (a refused state makes no table: there is no race)
