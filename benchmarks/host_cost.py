@@ -62,7 +62,7 @@ def host_cost(new, old, rounds: int = 45, calls: int = 200) -> dict:
         assert torch.equal(cells.triton_dequantize_nf4(layer), cells.triton_dequantize_nf4(layer))
     methods, skipped = helpers.dequantizers(new.triton_dequantize_nf4)
     fresh = {cells: fresh_states(q, rounds * (calls + 20) + 2) for cells in ("new", "old")}
-    plan = new._plans[new.key_of(W, q)]
+    plan = new._plans[new.key_of(W, q)[0]]
     timed = {"new": lambda: new.triton_dequantize_nf4(layer), "old": lambda: old.triton_dequantize_nf4(layer),
              "floor": floor_call(plan),
              "first_call": lambda: new.dequantize_nf4(W, next(fresh["new"])),

@@ -132,7 +132,10 @@ class Sm75Launch:
         self.jit_compiled = jit_function[grid](*args, **constexprs, **options)
         self.build = sm75_build(self.jit_compiled)
         self.grid = (*grid, 1, 1)[:3]
-        self.arguments = kernel.launcher_arguments(jit_function, args, _with_defaults(jit_function, constexprs))
+        before, after = kernel.launcher_arguments(jit_function, args, _with_defaults(jit_function, constexprs))
+        # launcher_arguments leaves out args[-2], where our kernel takes its output: put back what is there
+        left_out = args[-2].data_ptr() if isinstance(args[-2], torch.Tensor) else args[-2]
+        self.arguments = [*before, left_out, *after]
         self.output = [argument is out for argument in args].index(True)
 
     def into(self, out):

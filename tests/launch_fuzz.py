@@ -14,21 +14,25 @@ Two backends, one machine:
   our call made exactly one C launch, with exactly the arguments (and the GPU current) of Triton's own launch
   of the freshly validated state, made with W's GPU current and its stream by the fuzzer (the stand-in's
   record of every launch); shape, strides and dtype are bitsandbytes' (on the CPU) where it accepts the state.
+  No launch may read the memory of a table or of a field's copy freed before it: the stand-in watches both.
 
 What it does, drawn at random (a rule each): make a weight (odd sizes and (1, n), fp16/bf16/fp32, nf4/fp4, nested
 or not, blocksizes 64 to 4096, on either GPU); call it as W, W.t() or a proxy of W, on the current stream or
 another, in this thread or another; replace, swap (`t.data = ...`), change in place, reinterpret at the same
 address (another dtype, fewer values, stride 0, a lazily negated view), shrink its storage at its address
-(`resize_`), make it sparse, free it (`resize_(0)`), delete or set to None each quant-state field, or set it to a
-value of another type (a tuple shape of floats or holding a tensor changed in place, nested as a tensor changed in
+(`resize_`), make it sparse, free it (`resize_(0)`), set it to the tensor class itself, delete or set to None each
+quant-state field, or set it to a value of another type (a tuple shape of floats or holding a tensor changed in place, nested as a tensor changed in
 place, a str subclass equal to anything, a shape holding a size equal to anything); make one field read another
-value on one of its reads during a call; change W (`t_()`, `unsqueeze_(0)`, `.data` as a (1, n) view, a stride-0
+value on one of its reads during a call, or a new copy at every read (a property); make a field a tensor subclass
+(one copying when detached, one whose dtype reads as another), or it or W a tensor without memory (a zero tensor);
+change W (`t_()`, `unsqueeze_(0)`, `.data` as a (1, n) view, a stride-0
 view, a 0-dim view, a lazily negated view, its bytes as complex, called, then their lazy conjugate, its storage
 shrunk or freed, freed and another allocated in its place); put everything back; switch the current GPU; set and
 clear a launch hook (a function, or one that reads as False), Triton's debug mode, an instrumentation mode, a
 stages inspection hook (3.7+), a pre-run hook and the kernel's own debug flag, and require each call made while one
 is set to go through Triton's launch; set CONFIG_OVERRIDE, change a LAUNCH_CONFIGS entry in place, keep at most one
-or two plans; run the wrapper cell again (CONFIG_OVERRIDE set again, the same object, or not); make two threads'
+or two plans; run the wrapper cell again, as it is or with BLOCKSIZES edited (CONFIG_OVERRIDE set again, the same
+object, or not); drop the kept tables (freed unless a plan holds one); call under a FakeTensorMode; make two threads'
 first calls race for a table; on a GPU, capture a call in a CUDA graph (a process's first or not), replay it or not
 before eager calls, delete the graphs, empty the cache and allocate over the freed blocks.
 
@@ -48,6 +52,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
@@ -61,6 +66,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import bitsandbytes as bnb  # noqa: E402
 import bitsandbytes.functional as bnbf  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from hypothesis import HealthCheck, settings, strategies as st  # noqa: E402
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rule, run_state_machine_as_test  # noqa: E402
 
@@ -70,6 +76,8 @@ NAMED = "dequantize_nf4: "
 WRAPPER_CELL = kernel_cell_sources(NOTEBOOK)[1]  # (the kernel, the wrapper, the launch path)
 assert WRAPPER_CELL.startswith("# @title The wrapper"), WRAPPER_CELL[:80]
 WRAPPER_CELL_CODE = compile(WRAPPER_CELL, "the wrapper cell, run again", "exec")
+assert WRAPPER_CELL.count("2048, 4096)") == 1, "BLOCKSIZES moved"
+WRAPPER_CELL_WITHOUT_4096 = compile(WRAPPER_CELL.replace("2048, 4096)", "2048)"), "the wrapper cell, edited", "exec")
 ROWS, COLUMNS = (1, 2, 3, 16, 33), (64, 96, 130, 256, 520)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCKSIZES = (64, 256, 4096)
@@ -113,9 +121,53 @@ class StandIn:
     def __init__(self):
         offline_gpu.install(75, gpus=self.gpus)
         self.kernel = load_kernel_cells()
-        self.forgotten_tables = []  # tables kept before the fuzzer forgot them (plans may hold them)
         self.kernel.device_capability = lambda device: (7, 5)  # the CPU tensors are the stand-in GPUs'
         self.device = torch.device("cpu")
+        # (a weak reference to its storage, its address) of each table the cells made and each tensor a field made
+        # anew for a read; the tables (weakly); for each launch of our last call, the addresses freed by then
+        self.made, self.tables, self.freed_at_launch = [], [], []
+        offline_gpu.WATCHERS.append(self._note_the_freed)
+        self.watch_tables()
+
+    def watch_tables(self):
+        """Watch each table the cells make from now on (again after the wrapper cell runs: it imports its maker)."""
+        make = self.kernel.get_4bit_type
+
+        def making(quant_type, device):
+            table = make(quant_type, device)
+            self.tables.append(weakref.ref(table))
+            self.made_anew(table)
+            return table
+        self.kernel.get_4bit_type = making
+
+    def made_anew(self, tensor):
+        """Watch tensor (a table, a copy a field made for one read): no launch may read its memory once freed. Its
+        storage's Python object lives exactly as long as the storage (torch keeps it while any view is alive)."""
+        self.made.append((weakref.ref(tensor.untyped_storage()), tensor.data_ptr()))
+
+    def _made(self, tensor):
+        """Whether tensor views a storage watched by made_anew."""
+        storage = tensor.untyped_storage()
+        return any(reference() is storage for reference, _ in self.made)
+
+    def forget(self):
+        """A new example: nothing made before it is watched."""
+        del self.made[:], self.tables[:]
+
+    def _copies_marked(self, records):
+        """Launch records with each address a watched tensor had written as COPY (each call reads its own copies
+        of a field made anew at each read, all of one value)."""
+        watched = {address for _, address in self.made}
+
+        def mark(value):
+            if isinstance(value, (tuple, list)):
+                return type(value)(mark(inner) for inner in value)
+            return "COPY" if isinstance(value, int) and value in watched else value
+        return mark(records)
+
+    def _note_the_freed(self, launch):
+        alive = {address for reference, address in self.made if reference() is not None}
+        self.freed_at_launch.append({address for reference, address in self.made if reference() is None} - alive)
 
     def to_gpu(self, tensor, gpu):
         """A copy of tensor on stand-in GPU `gpu` (its own storage, as a move makes)."""
@@ -125,11 +177,12 @@ class StandIn:
         return tensor.get_device()
 
     def table_at(self, address):
-        """The kept table (or one forgotten since) at `address`."""
-        for table in [*self.kernel._TABLES.values(), *self.forgotten_tables]:
-            if table.data_ptr() == address:
+        """The table the cells made at `address`, alive."""
+        for reference in self.tables:
+            table = reference()
+            if table is not None and table.data_ptr() == address:
                 return table.cpu()
-        raise Finding(f"a launch read a table at {address:#x}, which no one keeps")
+        raise Finding(f"a launch read a table at {address:#x}, which nothing holds: freed, or never made")
 
     def current_gpu(self):
         return offline_gpu.GPUS.current
@@ -147,11 +200,12 @@ class StandIn:
 
     def call(self, W, q):
         """Our call: its result or exception, and the launches it made."""
-        del offline_gpu.LAUNCHES[:]
+        del offline_gpu.LAUNCHES[:], self.freed_at_launch[:]
         try:
             result = self.kernel.dequantize_nf4(W, q)
         except Exception as error:  # judged by check()
             result = error
+        self.freed_in_our_call = list(self.freed_at_launch)
         return result, list(offline_gpu.LAUNCHES)
 
     def expected(self, W, q, validated):
@@ -180,6 +234,13 @@ class StandIn:
         if isinstance(bnb, Exception):
             raise Finding(f"ours returned, bitsandbytes raised {type(bnb).__name__}: {bnb}")
         mine = [_with_output(launch, ours) for launch in launches]
+        # a watched tensor freed before our launch read its address, unless the state holds a tensor there now (the
+        # allocator handed it out again: it is the state's)
+        held = {t.data_ptr() for t in validated if isinstance(t, torch.Tensor) and not self._made(t)}
+        for (gpu, arguments), freed in zip(mine, self.freed_in_our_call):
+            read = (freed - held) & set(_integers(arguments))
+            if read:
+                raise Finding(f"a launch read {sorted(map(hex, read))}, freed before it (a table, a field's copy)")
         if len(mine) == len(record) == 1:
             # the table is compared by its values, bitsandbytes' for the quant type (str(): a str subclass's
             # plain str, as its op reads it): ours may be one kept before the fuzzer forgot the kept tables
@@ -188,9 +249,17 @@ class StandIn:
                 if not torch.equal(self.table_at(launched), table):
                     raise Finding(f"a table launched is not bitsandbytes' {str(q.quant_type)!r} table")
             mine, record = [_masked(mine[0], record[0], address)], [_masked(record[0], record[0], address)]
+        mine, record = self._copies_marked(mine), self._copies_marked(record)
         if mine != record:
             raise Finding(f"our launches differ from Triton's for the fresh state:\n ours   {mine}\n Triton {record}")
         _same_layout(ours, bnb)
+
+
+def _integers(value):
+    """The ints in a launch record's nested tuples."""
+    if isinstance(value, tuple):
+        return [found for inner in value for found in _integers(inner)]
+    return [value] if isinstance(value, int) else []
 
 
 def _masked(launch, reference, address):
@@ -232,6 +301,15 @@ class Gpu:
 
     def to_gpu(self, tensor, gpu):
         return tensor.to(f"cuda:{gpu}", copy=True)
+
+    def made_anew(self, tensor):
+        """(On a GPU, a launch on freed memory shows in the bits: nothing to watch.)"""
+
+    def forget(self):
+        """(Nothing watched.)"""
+
+    def watch_tables(self):
+        """(Nothing watched.)"""
 
     def gpu_of(self, tensor):
         return tensor.get_device()
@@ -342,13 +420,14 @@ def _tensor_changes(backend):
         "t.data = a lazily negated view at its address": lambda t: _swap(t, torch._neg_view(t.data)),
         "its storage shrunk at its address": _shrunk,
         "a sparse copy": lambda t: t.to_sparse(),
+        "the tensor class itself": lambda t: torch.Tensor,
     }
 
 
 def _holds_its_bytes(t):
     """Whether t is a dense tensor of its own values (not sparse, nor a lazily negated or conjugated view) and its
     storage holds the bytes t spans (not freed, nor shrunk): only then may a change read or write them."""
-    if t.layout != torch.strided or t.is_neg() or t.is_conj():
+    if t.layout != torch.strided or t.is_neg() or t.is_conj() or t.data_ptr() == 0:
         return False
     return t.untyped_storage().nbytes() >= (t.storage_offset() + t.numel()) * t.element_size()
 
@@ -445,6 +524,53 @@ class _SizeEqualToAnything(int):
         return hash(self.hashed_as)
 
 
+class _CopiedWhenDetached(torch.Tensor):
+    """A tensor subclass whose detach() makes a copy (a lazily made tensor's may): its other operations a plain
+    tensor's, with plain results."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        with torch._C.DisableTorchFunctionSubclass():
+            result = func(*args, **(kwargs or {}))
+            return result.clone() if func is torch.Tensor.detach else result
+
+
+class _ReadingAsAnotherDtype(torch.Tensor):
+    """A tensor subclass whose dtype reads as the other dtype of its size (int32 bytes as float32, uint8 as int8):
+    its other operations a plain tensor's, detach() keeping the subclass."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        with torch._C.DisableTorchFunctionSubclass():
+            if getattr(func, "__self__", None) is torch.Tensor.dtype:  # (the dtype property's getter)
+                return SAME_SIZE_DTYPE[args[0].dtype]
+            result = func(*args, **(kwargs or {}))
+        return result.as_subclass(cls) if func is torch.Tensor.detach else result
+
+
+# how a field becomes a tensor subclass, sharing its bytes
+SUBCLASSES = {
+    "copied when detached": lambda t: t.as_subclass(_CopiedWhenDetached),
+    "reading as another dtype": lambda t: t.view(SAME_SIZE_DTYPE[t.dtype]).as_subclass(_ReadingAsAnotherDtype),
+}
+
+
+def _as_plain(q):
+    """q, or where a field is one of SUBCLASSES, a copy of it (and of its state2) with that field as a plain tensor
+    of its bytes."""
+    fields = [name for name in TENSOR_FIELDS
+              if isinstance(_get(q, name), (_CopiedWhenDetached, _ReadingAsAnotherDtype))]
+    if not fields:
+        return q
+    q = copy.copy(q)
+    if getattr(q, "state2", None) is not None:
+        q.state2 = copy.copy(q.state2)
+    for name in fields:
+        with torch._C.DisableTorchFunctionSubclass():
+            _set(q, name, _get(q, name).as_subclass(torch.Tensor))
+    return q
+
+
 class _Proxy:
     """An object standing in for W that forwards every attribute to it: not a tensor."""
 
@@ -477,15 +603,16 @@ def make_machine(backend):
             Stats.examples += 1
             for state in (kernel._plans, kernel._kinds, kernel._TABLES):  # each example from a fresh process's
                 state.clear()
-            if BACKEND == "stand-in":
-                backend.forgotten_tables.clear()
+            backend.forget()
             self.made, self.made_weights = 0, []
             self.triton_state, self.replaced_hooks = set(), {}
-            self.graphs, self.old_tables = [], []
+            self.graphs, self.wrapper_edited = [], False
 
         def teardown(self):
             for state in list(self.triton_state):
                 self._clear(state)
+            if self.wrapper_edited:
+                self._run_the_wrapper_cell(WRAPPER_CELL_CODE)
             kernel.CONFIG_OVERRIDE = None
             kernel.LAUNCH_CONFIGS.clear()
             kernel.LAUNCH_CONFIGS.update(launch_configs)
@@ -563,6 +690,7 @@ def make_machine(backend):
         @_recording_errors
         def _checked_call(self, W, q):
             ours, launches, planned = self._call(W, q)
+            q = _as_plain(q)  # (the reference reads a field of a tensor subclass by its bytes, as the kernel does)
             validated, refusal = fresh_validation(kernel, W, q)
             self._judge(W, q, ours, launches, validated, refusal)
             Stats.count("refused" if isinstance(ours, Exception) else
@@ -595,6 +723,8 @@ def make_machine(backend):
                 return
             if refusal is not None:
                 raise Finding(f"ours returned where a fresh validation refuses: {refusal}")
+            if any(isinstance(t, torch.Tensor) and t.data_ptr() == 0 for t in validated):
+                raise Finding("ours returned, launched on a tensor without memory (a fake or zero tensor)")
             backend.check(W, q, validated, ours, launches)
 
         # ------------------------------------------------------------------ changing the quant state
@@ -892,19 +1022,29 @@ def make_machine(backend):
             kernel.PLANS_KEPT = kept
             self._observe()
 
-        @rule(override_again=st.booleans())
-        def run_the_wrapper_cell_again(self, override_again):
-            # as a notebook's user does: the wrapper's globals anew, then (or not) their own CONFIG_OVERRIDE set
-            # again, the same object, so that the plans made with it stand
+        @rule(override_again=st.booleans(), blocksizes=st.sampled_from(["as they were", "without 4096"]))
+        def run_the_wrapper_cell_again(self, override_again, blocksizes):
+            # as a notebook's user does: the wrapper's globals anew (or with BLOCKSIZES edited), then (or not) their
+            # own CONFIG_OVERRIDE set again, the same object: a plan made by the cell before must not answer a
+            # weight its checks now refuse (an edited cell; with 4096 dropped, CONFIG_OVERRIDE is always set again)
+            edited = blocksizes == "without 4096"
+            if edited and kernel.CONFIG_OVERRIDE is None:
+                self.set_config_override(True)
             held = kernel.CONFIG_OVERRIDE
-            exec(WRAPPER_CELL_CODE, vars(kernel))
-            validations.function = kernel.validate
-            kernel.validate = validations
-            if BACKEND == "stand-in":
-                kernel.device_capability = lambda device: (7, 5)
-            if override_again:
+            self._run_the_wrapper_cell(WRAPPER_CELL_WITHOUT_4096 if edited else WRAPPER_CELL_CODE)
+            self.wrapper_edited = edited
+            if override_again or edited:
                 kernel.CONFIG_OVERRIDE = held
             self._observe()
+
+        def _run_the_wrapper_cell(self, code):
+            nonlocal validations
+            exec(code, vars(kernel))
+            validations = _Counted(kernel.validate)  # (counted anew: a plan holds the validate it was made by)
+            kernel.validate = validations
+            backend.watch_tables()
+            if BACKEND == "stand-in":
+                kernel.device_capability = lambda device: (7, 5)
 
         @rule(weight=weights)
         def two_first_calls_race_for_the_table(self, weight):
@@ -919,7 +1059,7 @@ def make_machine(backend):
             if not accepted:
                 return  # (a refused state makes no table: there is no race)
             for weight in (first, second):
-                kernel._plans.pop(kernel.key_of(weight.W, weight.q), None)
+                kernel._plans.pop(kernel.key_of(weight.W, weight.q)[0], None)
             both_making, first_returned = threading.Barrier(2, timeout=5), threading.Event()
             make = kernel.get_4bit_type
 
@@ -958,12 +1098,62 @@ def make_machine(backend):
 
         @rule()
         def forget_the_kept_tables(self):
-            # a fresh process's state: the next call of each quant type keeps a new table (the old ones
-            # stay alive here, as the plans that hold their addresses do)
-            self.old_tables.append(dict(kernel._TABLES))
-            if BACKEND == "stand-in":
-                backend.forgotten_tables.extend(kernel._TABLES.values())
+            # a fresh process's state: the kept tables dropped (freed, unless something else holds one: a plan must),
+            # and the next call of each quant type keeps a new one
             kernel._TABLES.clear()
+
+        # ------------------------------------------------------------------ fields read in other ways
+        @rule(weight=weights, field=st.sampled_from(TENSOR_FIELDS))
+        def a_field_made_anew_on_each_read(self, weight, field):
+            # a property that makes a new tensor at each read (a copy, a cache rebuilt): a call may launch only on
+            # tensors alive at its launch, and three calls give a plan its chance
+            owner, name = _owner(weight.q, field)
+            held = getattr(owner, name, None) if owner is not None else None
+            if weight.W is not None and isinstance(held, torch.Tensor) and _holds_its_bytes(held):
+                with _read_anew(owner, name, backend.made_anew):
+                    for _ in range(3):
+                        self._observe(weight)
+            self._observe(weight)
+
+        @rule(weight=weights, field=st.sampled_from(TENSOR_FIELDS), subclass=st.sampled_from(sorted(SUBCLASSES)))
+        def a_field_of_a_tensor_subclass(self, weight, field, subclass):
+            # its __torch_function__ runs on Python's reads of it, but the kernel reads its bytes: the reference reads
+            # it as a plain tensor (_as_plain); two calls give a plan its chance, then the field is put back
+            held = _get(weight.q, field)
+            if weight.W is not None and type(held) is torch.Tensor and _holds_its_bytes(held):
+                _set(weight.q, field, SUBCLASSES[subclass](held))
+                self._observe(weight)
+                self._observe(weight)
+                _set(weight.q, field, held)
+            self._observe(weight)
+
+        @rule(weight=weights, field=st.sampled_from(("W",) + TENSOR_FIELDS))
+        def a_tensor_without_memory(self, weight, field):
+            # a zero tensor of its size (torch._efficientzerotensor: data_ptr() 0, as a fake tensor's), put in the field
+            # or in W's .data: the kernel would read address 0
+            held = weight.W if field == "W" else _get(weight.q, field)
+            if isinstance(held, torch.Tensor) and _holds_its_bytes(held):
+                zeros = torch._efficientzerotensor(held.shape, dtype=held.dtype, device=held.device)
+                if field == "W":
+                    held.data = zeros
+                else:
+                    _set(weight.q, field, zeros)
+            self._observe(weight)
+
+        @rule(weight=weights, first_call=st.booleans())
+        def call_under_a_fake_tensor_mode(self, weight, first_call):
+            # as shape propagation calls it: no tensor made under the mode holds memory, so the call must launch
+            # nothing, say why, and leave nothing a later call reads (a table made under it would be fake)
+            if weight.W is None:
+                return
+            if first_call:
+                self.forget_the_kept_tables()
+            Stats.calls += 1
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                ours, launches = backend.call(weight.W, weight.q)
+            if launches or not str(ours).startswith(NAMED + "a FakeTensorMode"):
+                raise Finding(f"a call under a FakeTensorMode answered {ours!r}, with {len(launches)} launches")
+            self._observe(weight)
 
         # ------------------------------------------------------------------ CUDA graphs (a GPU)
         @precondition(lambda self: BACKEND == "gpu")
@@ -975,7 +1165,7 @@ def make_machine(backend):
             W, q = weight.W, weight.q
             if as_a_first_call:  # as in a fresh process, or once its plan was dropped: no table kept, no plan
                 self.forget_the_kept_tables()
-                kernel._plans.pop(kernel.key_of(W, q), None)
+                kernel._plans.pop(kernel.key_of(W, q)[0], None)
             kept = dict(kernel._TABLES)
             validated, refusal = fresh_validation(kernel, W, q)
             for key in set(kernel._TABLES) - set(kept):  # (so that a first call is the captured one)
@@ -1159,6 +1349,27 @@ def _reading_once(owner, name, other, read):
     def get(instance):
         reads[0] += 1
         return other if reads[0] == read else instance.__dict__[name]
+
+    def put(instance, value):
+        instance.__dict__[name] = value
+
+    owner.__class__ = type(cls.__name__, (cls,), {name: property(get, put)})
+    try:
+        yield
+    finally:
+        owner.__class__ = cls
+
+
+@contextlib.contextmanager
+def _read_anew(owner, name, watch):
+    """owner.name read as a new copy of its tensor at every read (a property of a subclass owner takes on meanwhile);
+    watch(copy) is told of each."""
+    cls = owner.__class__
+
+    def get(instance):
+        copied = instance.__dict__[name].clone()
+        watch(copied)
+        return copied
 
     def put(instance, value):
         instance.__dict__[name] = value

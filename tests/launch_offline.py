@@ -164,7 +164,7 @@ def paths(kernel):
     report = {}
 
     def planned(W_, q_):
-        return kernel._plans.get(kernel.key_of(W_, q_)) is not None
+        return kernel._plans.get(kernel.key_of(W_, q_)[0]) is not None
 
     report["a new kind"] = calls(lambda: kernel.dequantize_nf4(W, q))
     report["a plan that holds"] = calls(lambda: kernel.dequantize_nf4(W, q), times=2)
@@ -368,13 +368,13 @@ def key_changes(kernel):
     0, a lazily negated view, a storage of another extent), W changed in place or conjugated. The names whose change
     left the key as it was (each must change it, or make it unreadable)."""
     W, q = weight(shape=(32, 128), seed=90)
-    before = kernel.key_of(W, q)
+    before = kernel.key_of(W, q)[0]
     unseen = []
 
     def seen(name, change, undo):
         change()
         try:
-            same = kernel.key_of(W, q) == before
+            same = kernel.key_of(W, q)[0] == before
         except ValueError:  # a field missing: the call raises validation's error
             same = False
         undo()
@@ -414,32 +414,32 @@ def key_changes(kernel):
         keys = {}
         for label, (storage, offset) in storages.items():
             tensor.data = storage[offset:offset + n].view(data.dtype).view(data.shape)
-            keys[label] = kernel.key_of(W, q)
+            keys[label] = kernel.key_of(W, q)[0]
         tensor.data = data
         for label in ("short", "started earlier"):
             if keys[label] == keys["long"]:
                 unseen.append(f"{name}.data at its address on a storage {label}")
     seen("W.t_()", W.t_, W.t_)
     complex_W = W.data.reshape(-1).view(torch.complex64)  # (W's bytes; a conjugate is a lazy view of them)
-    if kernel.key_of(complex_W, q) == kernel.key_of(complex_W.conj(), q):
+    if kernel.key_of(complex_W, q)[0] == kernel.key_of(complex_W.conj(), q)[0]:
         unseen.append("W's bytes as complex, conjugated")
     shape = list(q.shape)
     others = {"a list shape": ("shape", shape), "a tuple shape of floats": ("shape", tuple(map(float, shape))),
               "a shape holding a tensor": ("shape", (torch.tensor(shape[0]), shape[1])),
               "quant_type a str subclass": ("quant_type", type("Nf4", (str,), {})("nf4")),
               "nested a tensor": ("nested", torch.tensor(True)), "blocksize a bool": ("blocksize", True),
-              "absmax sparse": ("absmax", q.absmax.to_sparse())}
+              "absmax sparse": ("absmax", q.absmax.to_sparse()), "absmax the tensor class": ("absmax", torch.Tensor)}
     for name, (field, other) in others.items():  # no key: every call is validated (key_of answers, never raises)
         held = getattr(q, field)
         setattr(q, field, other)
         try:
-            keyed = kernel.key_of(W, q) is not None
+            keyed = kernel.key_of(W, q)[0] is not None
         except Exception:
             keyed = True
         if keyed:
             unseen.append(name)
         setattr(q, field, held)
-    assert kernel.key_of(W, q) == before
+    assert kernel.key_of(W, q)[0] == before
     return unseen
 
 
@@ -476,7 +476,7 @@ def sweep(kernel):
         results = [recorded(kernel, W, q) for _ in range(2)]
         rows[name] = {"matches_triton": all(mine == triton_record(kernel, W, q) for mine, _, _ in results),
                       "launches": [counts for _, counts, _ in results],
-                      "planned": kernel._plans.get(kernel.key_of(W, q)) is not None}
+                      "planned": kernel._plans.get(kernel.key_of(W, q)[0]) is not None}
     return {"rows": rows, "keys": len(compiled_of_key), "kernels": len(set().union(*compiled_of_key.values())),
             "keys_with_two_kernels": sum(len(ids) > 1 for ids in compiled_of_key.values())}
 
@@ -517,7 +517,7 @@ def a_launch_raises(kernel):
     W, q = weight(shape=(72, 128), seed=44)
     for _ in range(2):
         kernel.dequantize_nf4(W, q)
-    fake = offline_gpu.fake_launch_of(kernel._plans[kernel.key_of(W, q)].compiled)
+    fake = offline_gpu.fake_launch_of(kernel._plans[kernel.key_of(W, q)[0]].compiled)
     fake.error = RuntimeError("CUDA error: an illegal memory access was encountered")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -550,7 +550,7 @@ def compiled_kernel_lifetime(kernel):
     W, q = weight(shape=(8, 256), seed=71)
     for _ in range(2):
         kernel.dequantize_nf4(W, q)
-    owner = weakref.ref(kernel._plans[kernel.key_of(W, q)].compiled)
+    owner = weakref.ref(kernel._plans[kernel.key_of(W, q)[0]].compiled)
     jit = kernel._dequantize_4bit_kernel
     for cache in getattr(jit, "device_caches", {}).values():  # Triton 3.3+: (kernels, ...) per device
         cache[0].clear()

@@ -33,6 +33,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 TRITON = tuple(int(part) for part in triton.__version__.split(".")[:2])
 STREAM, FUNCTION = 0x5EED, 0xF00D
 LAUNCHES = []  # (the GPU current, the arguments as they reach the GPU) of every stand-in C launch
+WATCHERS = []  # callables given each launch's record as it is made (what is alive then, say)
 
 
 class GPUS:
@@ -76,7 +77,7 @@ def on_gpu(tensor, gpu):
 
 
 def _stand_in_get_device(tensor):
-    if tensor.layout != torch.strided:  # (a sparse tensor has no storage: on GPU 0, as made)
+    if tensor.layout != torch.strided or tensor.data_ptr() == 0:  # (no storage, no memory: on GPU 0, as made)
         return 0
     address = tensor.untyped_storage().data_ptr()
     for gpu, (blocks, _) in GPUS.memory.items():
@@ -166,6 +167,8 @@ class FakeLaunch:
         if problems:
             raise TypeError(f"the launch's arguments do not parse: {problems[0]}")
         LAUNCHES.append((GPUS.current, tuple(_reaching_the_gpu(a) for a in args)))
+        for watch in WATCHERS:
+            watch(LAUNCHES[-1])
         if self.output is None:
             return
         tensor, path, form = self.output

@@ -110,6 +110,12 @@ BROKEN_STATES = {
     # (a CSR tensor has no is_contiguous: its layout is read first)
     "absmax sparse CSR": (lambda qs: setattr(qs, "absmax", qs.absmax.reshape(1, -1).to_sparse_csr()), ValueError,
                           r"quant_state\.absmax is not a contiguous array"),
+    "absmax the tensor class": (lambda qs: setattr(qs, "absmax", torch.Tensor), TypeError,
+                                r"quant_state\.absmax must be a tensor, got _TensorMeta"),
+    # no memory: its data_ptr() is 0 (as a fake tensor's), and the kernel would read address 0
+    "absmax a zero tensor": (lambda qs: setattr(qs, "absmax", torch._efficientzerotensor(
+        qs.absmax.shape, dtype=qs.absmax.dtype, device=qs.absmax.device)), ValueError,
+        r"quant_state\.absmax holds no data \(.*a fake or zero tensor"),
     # a blocksize past int32 failed in Triton's compiler (the kernel's BLOCKSIZE2 is a constexpr)
     "state2 blocksize 2**31": (lambda qs: setattr(qs.state2, "blocksize", 2**31), ValueError,
                                r"quant_state\.state2\.blocksize 2147483648 is not a power of two below 2\*\*31"),
@@ -235,6 +241,38 @@ def test_a_weight_conjugated_after_a_good_call_is_refused_by_name(kernel, layer)
         assert torch.equal(kernel.dequantize_nf4(W, qs), bnbf.dequantize_4bit(W, qs))
     with pytest.raises(ValueError, match=r"W is a lazily negated or conjugated view"):
         kernel.dequantize_nf4(W.conj(), qs)
+
+
+def test_a_weight_without_memory_after_a_good_call_is_refused_by_name(kernel, layer):
+    # a zero tensor (torch._efficientzerotensor) in W's .data: at another address than the plan's, validated
+    qs = _state(layer)
+    W = layer.weight.data.clone()
+    for _ in range(2):
+        kernel.dequantize_nf4(W, qs)
+    W.data = torch._efficientzerotensor(W.shape, dtype=W.dtype, device=W.device)
+    with pytest.raises(ValueError, match=r"W holds no data \(.*a fake or zero tensor"):
+        kernel.dequantize_nf4(W, qs)
+
+
+@pytest.mark.parametrize("first_call", [True, False])
+def test_a_call_under_a_fake_tensor_mode_is_refused_by_name_and_leaves_nothing(kernel, layer, first_call):
+    # shape propagation runs calls under one: its tensors hold no memory to launch on. A first call of the process
+    # (no table kept) must keep no table made under it; a weight's later calls are exact again
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    import bitsandbytes.functional as bnbf
+    qs = _state(layer)
+    W = layer.weight
+    if first_call:
+        kernel._TABLES.clear()
+    else:
+        for _ in range(2):
+            kernel.dequantize_nf4(W, qs)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        with pytest.raises(RuntimeError, match=r"^dequantize_nf4: a FakeTensorMode is active: no memory to launch"):
+            kernel.dequantize_nf4(W, qs)
+    assert all(type(table) is torch.Tensor for table in kernel._TABLES.values())
+    for _ in range(2):
+        assert torch.equal(kernel.dequantize_nf4(W, qs), bnbf.dequantize_4bit(W, qs))
 
 
 def test_a_storage_shrunk_in_place_after_a_good_call_is_refused_by_name(kernel, layer):

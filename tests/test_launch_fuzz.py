@@ -72,8 +72,24 @@ REVERTED_FIXES = {
         ("if hook is not None and (not isinstance(hook, HOOK_CHAIN) or hook.calls):",
          "if hook and (not isinstance(hook, HOOK_CHAIN) or hook.calls):"),
     "a plan launched whatever the launch configuration (a LAUNCH_CONFIGS entry changed in place)":
-        ("return kernel is _dequantize_4bit_kernel and config is launch_config(capability)",
-         "return kernel is _dequantize_4bit_kernel"),
+        ("\n            and config is launch_config(capability))", ")"),
+    "a plan used whatever checks made it (the wrapper cell run again, BLOCKSIZES edited)":
+        ("kernel is _dequantize_4bit_kernel and checks is validate", "kernel is _dequantize_4bit_kernel"),
+    "a plan not holding its table (the kept tables cleared: the table freed)":
+        ("layout.transposed, layout.code,", "layout.transposed, None,"),
+    "the key's tensors not held until the launch (a field made anew at each read)":
+        ("return tuple(key), tensors", "return tuple(key), ()"),
+    "the quant state's tensors read through a subclass's __torch_function__ (one copying when detached)":
+        ("with contextlib.nullcontext() if _is_compiling() else _plain_tensors():\n        fields",
+         "with contextlib.nullcontext():\n        fields"),
+    "key_of raising what it does not name (a field set to the tensor class)":
+        ("except Exception:  # (validation names it)", "except (AttributeError, RuntimeError):  # (validation names it)"),
+    "a plan launched under a FakeTensorMode (into no memory)":
+        (" or _fake_mode() or ", " or "),
+    "Triton's launch under a FakeTensorMode (a fake table kept, a launch into no memory)":
+        ("if not _is_compiling() and _fake_mode():", "if False:"),
+    "tensors without memory accepted (a zero tensor)":
+        ("if tensor.data_ptr() == 0 or tensor.untyped_storage()", "if tensor.untyped_storage()"),
     "a quant type of any str type looked up (a str subclass equal to anything poisons the tables)":
         ("if type(quant_type) is not str or quant_type not in", "if quant_type not in"),
     "only the launch hooks checked (a compile hook; on Triton 3.7+ the stages inspection hook)":

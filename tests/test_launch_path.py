@@ -30,7 +30,7 @@ def _layer(shape=(96, 320), dtype=torch.bfloat16, seed=0):
 
 def _plan(kernel, W, qs):
     """The launch path's plan for W and qs as they read now, or None."""
-    return kernel._plans.get(kernel.key_of(W, qs))
+    return kernel._plans.get(kernel.key_of(W, qs)[0])
 
 
 def _fast(kernel, W, qs):
@@ -182,14 +182,16 @@ def test_bitsandbytes_table_is_kept_once_per_device_and_quant_type(kernel):
 
 
 @pytest.mark.gpu  # (the interpreter makes no plans)
-def test_a_plan_holds_no_tensor_and_the_plans_kept_are_bounded(kernel, monkeypatch):
-    # a plan holds addresses read off W and its quant state, never a tensor (nothing stays on the GPU through
-    # it; the table it reads is kept by _TABLES anyway); at most PLANS_KEPT are kept, the first kept dropped
+def test_a_plan_holds_no_tensor_but_its_table_and_the_plans_kept_are_bounded(kernel, monkeypatch):
+    # a plan holds addresses read off W and its quant state, and of tensors only the table it reads, the one
+    # _TABLES keeps (nothing more stays on the GPU through it); at most PLANS_KEPT are kept, the first kept dropped
     # first, and a dropped weight plans again on its next call
     layers = [_layer(shape=(32, 64), seed=26 + i) for i in range(5)]
     kernel.triton_dequantize_nf4(layers[0])
     plan = _plan(kernel, layers[0].weight, layers[0].weight.quant_state)
-    assert plan is not None and not any(isinstance(value, torch.Tensor) for value in plan)
+    tensors = [value for value in plan if isinstance(value, torch.Tensor)]
+    assert plan is not None and len(tensors) == 1 and tensors[0] is plan.table
+    assert any(table is plan.table for table in kernel._TABLES.values())
     monkeypatch.setattr(kernel, "PLANS_KEPT", 3)
     kernel._plans.clear()
     for layer in layers:
@@ -328,7 +330,7 @@ for name, shape in (("new kind, first call", (384, 512)), ("warm weight", (384, 
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    planned_in_capture = kernel._plans.get(kernel.key_of(W, qs)) is not None
+    planned_in_capture = kernel._plans.get(kernel.key_of(W, qs)[0]) is not None
     # the freed blocks reused by small tensors, then the graph deleted and the cache emptied: every eager
     # call after must still read what it should (a plan kept from the capture would read the graph's table)
     garbage = [torch.full((16,), float("nan"), device="cuda") for _ in range(256)]
@@ -422,6 +424,45 @@ def _add_launch_hook(hook):
     owner = runtime if runtime is not None else __import__("triton.compiler", fromlist=["x"]).CompiledKernel
     owner.launch_enter_hook = hook
     return lambda: setattr(owner, "launch_enter_hook", None)
+
+
+@pytest.mark.gpu
+def test_a_plan_holds_its_table_after_the_kept_tables_are_dropped(kernel):
+    # the table a plan reads outlives _TABLES' reference to it: dropped, its block emptied from the cache and
+    # filled with other values, a later call still reads bitsandbytes' codebook
+    layer = _layer(shape=(64, 256))
+    W, qs = layer.weight, layer.weight.quant_state
+    for _ in range(2):
+        kernel.triton_dequantize_nf4(layer)
+    assert _plan(kernel, W, qs) is not None
+    kernel._TABLES.clear()
+    gc.collect()
+    torch.cuda.empty_cache()
+    garbage = [torch.full((n,), float("nan"), device=DEVICE) for n in (1, 16, 64, 256) * 16]
+    _assert_bnb(kernel.triton_dequantize_nf4(layer), W, qs)
+    assert garbage
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("field", ["absmax", "state2.absmax", "offset"])
+def test_a_field_made_anew_at_each_read_is_held_through_the_launch(kernel, field):
+    # a property making a new tensor at each read (a copy, a cache rebuilt): the tensor a call read is alive until
+    # its launch, whatever the output's allocation takes; every call is exact
+    layer = _layer(shape=(64, 256))
+    W, qs = layer.weight, copy.copy(layer.weight.quant_state)
+    qs.state2 = copy.copy(qs.state2)
+    owner, name = (qs.state2, "absmax") if field == "state2.absmax" else (qs, field)
+    held = getattr(owner, name)
+    reads = []
+
+    def read_anew(instance):
+        reads.append(None)
+        return held.clone()
+    owner.__class__ = type(type(owner).__name__, (type(owner),), {name: property(read_anew)})
+    expected = bnbf.dequantize_4bit(W, qs)
+    for _ in range(4):
+        assert torch.equal(kernel.dequantize_nf4(W, qs), expected)
+    assert len(reads) > 4
 
 
 @pytest.mark.gpu
@@ -536,7 +577,7 @@ def test_an_error_a_plans_launch_raises_reaches_the_caller(kernel):
     layer = _layer((80, 320), seed=43)
     W, qs = layer.weight, layer.weight.quant_state
     kernel.triton_dequantize_nf4(layer)
-    key = kernel.key_of(W, qs)
+    key = kernel.key_of(W, qs)[0]
     plan = kernel._plans[key]
     kernel._plans[key] = plan._replace(compiled=_RaisingLaunch())
     try:
@@ -609,7 +650,7 @@ layer = helpers.make_layer(256, 512, torch.bfloat16)
 for _ in range(2):
     kernel.triton_dequantize_nf4(layer)
 W, qs = layer.weight, layer.weight.quant_state
-assert kernel._plans.get(kernel.key_of(W, qs)) is not None
+assert kernel._plans.get(kernel.key_of(W, qs)[0]) is not None
 torch.zeros(4, device="cuda")[torch.tensor([64], device="cuda")] = 1.0  # a device-side assert: sticky
 try:
     torch.cuda.synchronize()

@@ -151,17 +151,17 @@ def test_without_a_private_torch_entry_every_call_is_tritons_launch(tmp_path):
     assert all(v for k, v in report.items() if "x" in k), report
 
 
-@pytest.mark.parametrize("setting", [None, "1", "0"])
-def test_nf4_fast_launch_0_leaves_every_call_to_tritons_launch(tmp_path, setting):
+@pytest.mark.parametrize("setting, interpreted", [(None, "0"), ("1", "0"), ("0", "0"), ("1", "1")])
+def test_nf4_fast_launch_0_leaves_every_call_to_tritons_launch(tmp_path, setting, interpreted):
     # the header's promise, read where the cells are pasted; the torch._C entries the launch path needs are
-    # stood in for where this torch lacks them (a CPU build), so only the setting decides
+    # stood in for where this torch lacks them (a CPU build), so only the setting and TRITON_INTERPRET decide
     stand_ins = ("import torch\nfor name in ('_cuda_exchangeDevice', '_cuda_getCurrentRawStream', '_cuda_getDevice'):\n"
                  "    if not hasattr(torch._C, name):\n        setattr(torch._C, name, lambda *a: 0)\n")
     pasted = tmp_path / "pasted.py"
     pasted.write_text(stand_ins + _paste_unit() + "\nimport json\nprint(json.dumps({'fast_launch': FAST_LAUNCH}))\n")
     environment = {} if setting is None else {"NF4_FAST_LAUNCH": setting}
-    report = _run(pasted, tmp_path, **environment)
-    assert report["fast_launch"] is (setting != "0")
+    report = _run(pasted, tmp_path, TRITON_INTERPRET=interpreted, **environment)
+    assert report["fast_launch"] is (setting != "0" and interpreted == "0")
 
 
 @pytest.mark.parametrize("missing", [0, 1], ids=["the kernel cell", "the wrapper cell"])
