@@ -32,8 +32,8 @@ clear a launch hook (a function, or one that reads as False), Triton's debug mod
 stages inspection hook (3.7+), a pre-run hook and the kernel's own debug flag, and require each call made while one
 is set to go through Triton's launch; set CONFIG_OVERRIDE, change a LAUNCH_CONFIGS entry in place, keep at most one
 or two plans; run the wrapper cell again, as it is or with BLOCKSIZES edited (CONFIG_OVERRIDE set again, the same
-object, or not); drop the kept tables (freed unless a plan holds one); call under a FakeTensorMode; make two threads'
-first calls race for a table; on a GPU, capture a call in a CUDA graph (a process's first or not), replay it or not
+object, or not); drop the kept tables (freed unless a plan holds one); call under a FakeTensorMode, a FlopCounterMode
+and make_fx (whose graph must hold the kernel); make two threads' first calls race for a table; on a GPU, capture a call in a CUDA graph (a process's first or not), replay it or not
 before eager calls, delete the graphs, empty the cache and allocate over the freed blocks.
 
     python tests/launch_fuzz.py --backend stand-in|gpu [--examples N] [--steps K] [--gpus G] [--fixed-seed]
@@ -67,6 +67,8 @@ import triton  # noqa: E402
 import bitsandbytes as bnb  # noqa: E402
 import bitsandbytes.functional as bnbf  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from hypothesis import HealthCheck, settings, strategies as st  # noqa: E402
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rule, run_state_machine_as_test  # noqa: E402
 
@@ -177,12 +179,15 @@ class StandIn:
         return tensor.get_device()
 
     def table_at(self, address):
-        """The table the cells made at `address`, alive."""
+        """The table the cells made at `address`, alive; None for one made for a call alone and freed since (the
+        freed-at-launch check saw it alive at its launch)."""
         for reference in self.tables:
             table = reference()
             if table is not None and table.data_ptr() == address:
                 return table.cpu()
-        raise Finding(f"a launch read a table at {address:#x}, which nothing holds: freed, or never made")
+        if any(made_at == address for _, made_at in self.made):
+            return None
+        raise Finding(f"a launch read a table at {address:#x}, which the cells never made")
 
     def current_gpu(self):
         return offline_gpu.GPUS.current
@@ -246,7 +251,8 @@ class StandIn:
             # plain str, as its op reads it): ours may be one kept before the fuzzer forgot the kept tables
             address, table = validated.code.data_ptr(), bnbf.get_4bit_type(str(q.quant_type), "cpu")
             for launched in [address, *_at(mine[0], record[0], address)]:
-                if not torch.equal(self.table_at(launched), table):
+                held = self.table_at(launched)
+                if held is not None and not torch.equal(held, table):
                     raise Finding(f"a table launched is not bitsandbytes' {str(q.quant_type)!r} table")
             mine, record = [_masked(mine[0], record[0], address)], [_masked(record[0], record[0], address)]
         mine, record = self._copies_marked(mine), self._copies_marked(record)
@@ -1142,17 +1148,34 @@ def make_machine(backend):
 
         @rule(weight=weights, first_call=st.booleans())
         def call_under_a_fake_tensor_mode(self, weight, first_call):
-            # as shape propagation calls it: no tensor made under the mode holds memory, so the call must launch
-            # nothing, say why, and leave nothing a later call reads (a table made under it would be fake)
-            if weight.W is None:
+            # as shape propagation calls it: W read under the mode is fake, so the call must launch nothing, say
+            # why, and leave nothing a later call reads (a table made under it would be fake)
+            if weight.W is None or _a_value_held_as_a_tensor(weight.q):
                 return
             if first_call:
                 self.forget_the_kept_tables()
             Stats.calls += 1
             with FakeTensorMode(allow_non_fake_inputs=True):
                 ours, launches = backend.call(weight.W, weight.q)
-            if launches or not str(ours).startswith(NAMED + "a FakeTensorMode"):
+            if launches or not str(ours).startswith(NAMED):
                 raise Finding(f"a call under a FakeTensorMode answered {ours!r}, with {len(launches)} launches")
+            self._observe(weight)
+
+        @rule(weight=weights, mode=st.sampled_from(["FlopCounterMode", "make_fx"]))
+        def call_under_a_dispatch_mode(self, weight, mode):
+            # a mode that sees every op: counting FLOPs, the call gives the same bits; tracing a graph (make_fx, real
+            # tensors), the graph must hold the kernel, as bitsandbytes' holds its op
+            if weight.W is None or _a_value_held_as_a_tensor(weight.q):
+                return
+            if mode == "FlopCounterMode":
+                with FlopCounterMode(display=False):
+                    self._checked_call(weight.W, weight.q)
+            elif fresh_validation(kernel, weight.W, weight.q)[1] is None:
+                Stats.calls += 1
+                graph = make_fx(functools.partial(kernel.dequantize_nf4, quant_state=weight.q))(weight.W)
+                called = {str(node.target) for node in graph.graph.nodes if node.op == "call_function"}
+                if "nf4_triton.dequantize_4bit.default" not in called:
+                    raise Finding(f"a graph make_fx traced holds no kernel: {sorted(called)}")
             self._observe(weight)
 
         # ------------------------------------------------------------------ CUDA graphs (a GPU)
@@ -1211,6 +1234,18 @@ def make_machine(backend):
             self._observe()
 
     return LaunchPath
+
+
+def _a_value_held_as_a_tensor(q):
+    """Whether a field bitsandbytes holds as a value (nested, shape...) holds a tensor: under a tracing mode, reading
+    it is data-dependent, for bitsandbytes too (torch's error, not a refusal of ours)."""
+    for name in OTHER_FIELDS:
+        value = _get(q, name)
+        if isinstance(value, torch.Tensor):
+            return True
+        if isinstance(value, (tuple, list)) and any(isinstance(inner, torch.Tensor) for inner in value):
+            return True
+    return False
 
 
 def _recording_errors(function):

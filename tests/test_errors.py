@@ -256,8 +256,8 @@ def test_a_weight_without_memory_after_a_good_call_is_refused_by_name(kernel, la
 
 @pytest.mark.parametrize("first_call", [True, False])
 def test_a_call_under_a_fake_tensor_mode_is_refused_by_name_and_leaves_nothing(kernel, layer, first_call):
-    # shape propagation runs calls under one: its tensors hold no memory to launch on. A first call of the process
-    # (no table kept) must keep no table made under it; a weight's later calls are exact again
+    # shape propagation runs calls under one: W read under it is a fake tensor, without memory to launch on. A first
+    # call of the process (no table kept) keeps no table made under it; a weight's later calls are exact again
     from torch._subclasses.fake_tensor import FakeTensorMode
     import bitsandbytes.functional as bnbf
     qs = _state(layer)
@@ -268,7 +268,7 @@ def test_a_call_under_a_fake_tensor_mode_is_refused_by_name_and_leaves_nothing(k
         for _ in range(2):
             kernel.dequantize_nf4(W, qs)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        with pytest.raises(RuntimeError, match=r"^dequantize_nf4: a FakeTensorMode is active: no memory to launch"):
+        with pytest.raises(ValueError, match=r"^dequantize_nf4: W holds no data \(.*a fake or zero tensor"):
             kernel.dequantize_nf4(W, qs)
     assert all(type(table) is torch.Tensor for table in kernel._TABLES.values())
     for _ in range(2):

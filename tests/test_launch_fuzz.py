@@ -84,12 +84,15 @@ REVERTED_FIXES = {
          "with contextlib.nullcontext():\n        fields"),
     "key_of raising what it does not name (a field set to the tensor class)":
         ("except Exception:  # (validation names it)", "except (AttributeError, RuntimeError):  # (validation names it)"),
-    "a plan launched under a FakeTensorMode (into no memory)":
-        (" or _fake_mode() or ", " or "),
-    "Triton's launch under a FakeTensorMode (a fake table kept, a launch into no memory)":
-        ("if not _is_compiling() and _fake_mode():", "if False:"),
+    "a plan launched under a dispatch mode (a FakeTensorMode's output holds no memory)":
+        ("if _traced() or not FAST_LAUNCH", "if _is_compiling() or not FAST_LAUNCH"),
+    "Triton's launch under a dispatch mode (make_fx records no kernel)":
+        ("if _traced():  # the op below", "if _is_compiling():  # the op below"),
     "tensors without memory accepted (a zero tensor)":
-        ("if tensor.data_ptr() == 0 or tensor.untyped_storage()", "if tensor.untyped_storage()"),
+        ("if tensor.data_ptr() == start or tensor.untyped_storage()", "if tensor.untyped_storage()"),
+    "the torch op launched on the current GPU (a dispatch mode's call of a weight on another GPU)":
+        ("    with on_its_gpu:\n        launch_via_triton(layout, out, config, capability, not INTERPRETED)",
+         "    launch_via_triton(layout, out, config, capability, not INTERPRETED)"),
     "a quant type of any str type looked up (a str subclass equal to anything poisons the tables)":
         ("if type(quant_type) is not str or quant_type not in", "if quant_type not in"),
     "only the launch hooks checked (a compile hook; on Triton 3.7+ the stages inspection hook)":

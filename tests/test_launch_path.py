@@ -466,6 +466,23 @@ def test_a_field_made_anew_at_each_read_is_held_through_the_launch(kernel, field
 
 
 @pytest.mark.gpu
+def test_under_a_dispatch_mode_a_call_is_the_torch_op_the_mode_sees(kernel):
+    # make_fx (real tensors) records the kernel as bitsandbytes' graph records its op, and the graph's replay is
+    # exact; FlopCounterMode sees the op and the bits are bitsandbytes'; a weight planned before takes no plan
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils.flop_counter import FlopCounterMode
+    layer = _layer(shape=(64, 256))
+    W, qs = layer.weight, layer.weight.quant_state
+    for _ in range(2):
+        kernel.triton_dequantize_nf4(layer)
+    graph = make_fx(lambda weight: kernel.dequantize_nf4(weight, qs))(W)
+    assert "nf4_triton.dequantize_4bit.default" in {str(node.target) for node in graph.graph.nodes}
+    _assert_bnb(graph(W), W, qs)
+    with FlopCounterMode(display=False):
+        _assert_bnb(kernel.dequantize_nf4(W, qs), W, qs)
+
+
+@pytest.mark.gpu
 def test_a_launch_hook_set_after_the_first_call_sees_every_later_call(kernel):
     # profilers hook Triton's launches: none of ours may bypass a hook, whenever it was set
     layer = _layer(seed=50)
