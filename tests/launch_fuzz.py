@@ -167,6 +167,22 @@ class StandIn:
             return "COPY" if isinstance(value, int) and value in watched else value
         return mark(records)
 
+    def freed_reads(self, launches, ours, validated):
+        """The watched addresses freed before our last call's launches that they read: out's left out, and those
+        of the tensors of `validated` (a fresh validation's: the allocator handed them out again), but watched ones."""
+        held = self._held(validated)
+        read = set()
+        for (gpu, arguments), freed in zip(launches, self.freed_in_our_call):
+            if isinstance(ours, torch.Tensor):
+                gpu, arguments = _with_output((gpu, arguments), ours)
+            read |= (freed - held) & set(_integers(arguments))
+        return sorted(map(hex, read))
+
+    def _held(self, validated):
+        """The addresses of the tensors of a fresh validation's layout (None: none) that are not watched ones."""
+        tensors = [t for t in (validated or ()) if isinstance(t, torch.Tensor)]
+        return {t.data_ptr() for t in tensors if not self._made(t)}
+
     def _note_the_freed(self, launch):
         alive = {address for reference, address in self.made if reference() is not None}
         self.freed_at_launch.append({address for reference, address in self.made if reference() is None} - alive)
@@ -241,7 +257,7 @@ class StandIn:
         mine = [_with_output(launch, ours) for launch in launches]
         # a watched tensor freed before our launch read its address, unless the state holds a tensor there now (the
         # allocator handed it out again: it is the state's)
-        held = {t.data_ptr() for t in validated if isinstance(t, torch.Tensor) and not self._made(t)}
+        held = self._held(validated)
         for (gpu, arguments), freed in zip(mine, self.freed_in_our_call):
             read = (freed - held) & set(_integers(arguments))
             if read:
@@ -316,6 +332,10 @@ class Gpu:
 
     def watch_tables(self):
         """(Nothing watched.)"""
+
+    def freed_reads(self, launches, ours, validated):
+        """(A launch on freed memory shows in the bits.)"""
+        return []
 
     def gpu_of(self, tensor):
         return tensor.get_device()
@@ -845,6 +865,37 @@ def make_machine(backend):
                 self._judge_either(weight, [_as_it_is, swap.entered], ours, launches)
             self._observe(weight)
 
+        @rule(weight=weights, field=st.sampled_from(("W",) + TENSOR_FIELDS))
+        def swapped_during_a_later_call(self, weight, field):
+            # another thread swaps a tensor's storage (`t.data = ...`, as module.cpu() does) between a planned call's
+            # key and its launch, and drops the old one: the launch may read the state before or after the swap, but
+            # never memory freed (the stand-in watches the old storage)
+            if weight.W is None or not _holds_its_bytes(weight.W):
+                return
+            weight = self._with_own_tensors(weight)
+            self._observe(weight)  # (its plan made)
+            held = weight.W if field == "W" else _get(weight.q, field)
+            if not isinstance(held, torch.Tensor) or not _holds_its_bytes(held):
+                return
+            backend.made_anew(held.data)
+            replacement = [backend.to_gpu(held.data, backend.gpu_of(held))]  # (an equal copy, on its GPU)
+
+            def switch(frame, event, argument):
+                if event == "return" and frame.f_code.co_name == "key_of" and replacement:
+                    held.data = replacement.pop()
+            sys.setprofile(switch)
+            try:
+                ours, launches, _ = self._call(weight.W, weight.q)
+            finally:
+                sys.setprofile(None)
+            validated, refusal = fresh_validation(kernel, weight.W, weight.q)
+            freed = backend.freed_reads(launches, ours, validated)
+            if freed:
+                raise Finding(f"a call read {freed}, freed by a swap after its key was read")
+            if isinstance(ours, Exception) or BACKEND == "gpu":  # (an equal copy: either state gives these bits)
+                self._judge(weight.W, weight.q, ours, launches, validated, refusal)
+            self._observe(weight)
+
         def _with_own_tensors(self, weight):
             """A weight sharing W, its quant state copied with each tensor field a copy of its own."""
             q = copy.copy(weight.q)
@@ -853,7 +904,7 @@ def make_machine(backend):
             for name in TENSOR_FIELDS:
                 tensor = _get(q, name)
                 if isinstance(tensor, torch.Tensor) and _holds_its_bytes(tensor):
-                    _set(q, name, tensor.clone())
+                    _set(q, name, backend.to_gpu(tensor, backend.gpu_of(tensor)))  # (a copy on its GPU)
             copied = Weight(weight.W, q, weight.gpu, weight.label + "'")
             self.made_weights.append(copied)
             return copied

@@ -78,7 +78,9 @@ REVERTED_FIXES = {
     "a plan not holding its table (the kept tables cleared: the table freed)":
         ("layout.transposed, layout.code,", "layout.transposed, None,"),
     "the key's tensors not held until the launch (a field made anew at each read)":
-        ("return tuple(key), tensors", "return tuple(key), ()"),
+        ("return tuple(key), storages", "return tuple(key), ()"),
+    "the key's tensors held, not their storages (a `t.data =` swap between a call's key and its launch)":
+        ("return tuple(key), storages", "return tuple(key), tensors"),
     "the quant state's tensors read through a subclass's __torch_function__ (one copying when detached)":
         ("with contextlib.nullcontext() if _is_compiling() else _plain_tensors():\n        fields",
          "with contextlib.nullcontext():\n        fields"),
