@@ -465,6 +465,20 @@ def test_a_field_made_anew_at_each_read_is_held_through_the_launch(kernel, field
     assert len(reads) > 4
 
 
+def test_under_a_dispatch_mode_no_table_is_kept(kernel):
+    # what a mode sees may be no plain tensor (FakeTensorMode's, FunctionalTensorMode's): a table made under one is
+    # the call's own; the next call outside keeps one
+    from torch.utils.flop_counter import FlopCounterMode
+    layer = _layer(shape=(64, 256))
+    W, qs = layer.weight, layer.weight.quant_state
+    kernel._TABLES.clear()
+    with FlopCounterMode(display=False):
+        _assert_bnb(kernel.dequantize_nf4(W, qs), W, qs)
+    assert not kernel._TABLES
+    _assert_bnb(kernel.dequantize_nf4(W, qs), W, qs)
+    assert len(kernel._TABLES) == 1
+
+
 @pytest.mark.gpu
 def test_under_a_dispatch_mode_a_call_is_the_torch_op_the_mode_sees(kernel):
     # make_fx (real tensors) records the kernel as bitsandbytes' graph records its op, and the graph's replay is
