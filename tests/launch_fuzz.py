@@ -32,7 +32,8 @@ clear a launch hook (a function, or one that reads as False), Triton's debug mod
 stages inspection hook (3.7+), a pre-run hook and the kernel's own debug flag, and require each call made while one
 is set to go through Triton's launch; set CONFIG_OVERRIDE, change a LAUNCH_CONFIGS entry in place, keep at most one
 or two plans; run the wrapper cell again, as it is or with BLOCKSIZES edited (CONFIG_OVERRIDE set again, the same
-object, or not); drop the kept tables (freed unless a plan holds one); call under a FakeTensorMode, a FlopCounterMode
+object, or not); drop the kept tables (freed unless a plan holds one); make a first call under torch's default dtype bfloat16;
+call under a FakeTensorMode, a FlopCounterMode
 and make_fx (whose graph must hold the kernel); make two threads' first calls race for a table; on a GPU, capture a call in a CUDA graph (a process's first or not), replay it or not
 before eager calls, delete the graphs, empty the cache and allocate over the freed blocks.
 
@@ -1195,6 +1196,23 @@ def make_machine(backend):
                     held.data = zeros
                 else:
                     _set(weight.q, field, zeros)
+            self._observe(weight)
+
+        @rule(weight=weights)
+        def a_first_call_under_another_default_dtype(self, weight):
+            # model code often sets torch's default dtype to bfloat16, and bitsandbytes makes its table in it: a
+            # process's first call then must not keep a table rounded to it (it is refused, or its table float32)
+            if weight.W is None:
+                return
+            self.forget_the_kept_tables()
+            Stats.calls += 1
+            torch.set_default_dtype(torch.bfloat16)
+            try:
+                ours, launches = backend.call(weight.W, weight.q)
+            finally:
+                torch.set_default_dtype(torch.float32)
+            if isinstance(ours, Exception) and not str(ours).startswith(NAMED):
+                raise Finding(f"a first call under torch's default dtype bfloat16 raised {ours!r}")
             self._observe(weight)
 
         @rule(weight=weights, first_call=st.booleans())

@@ -275,6 +275,21 @@ def test_a_call_under_a_fake_tensor_mode_is_refused_by_name_and_leaves_nothing(k
         assert torch.equal(kernel.dequantize_nf4(W, qs), bnbf.dequantize_4bit(W, qs))
 
 
+def test_a_first_call_under_another_default_dtype_is_refused_by_name(kernel, layer):
+    # bitsandbytes makes its codebook in torch's default dtype: a table rounded to bfloat16 would be kept for good
+    import bitsandbytes.functional as bnbf
+    qs = _state(layer)
+    kernel._TABLES.clear()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with pytest.raises(RuntimeError, match=r"^dequantize_nf4: torch's default dtype is torch.bfloat16, not float32"):
+            kernel.dequantize_nf4(layer.weight, qs)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert not kernel._TABLES
+    assert torch.equal(kernel.dequantize_nf4(layer.weight, qs), bnbf.dequantize_4bit(layer.weight, qs))
+
+
 def test_a_storage_shrunk_in_place_after_a_good_call_is_refused_by_name(kernel, layer):
     # resize_ twice: the second often gets the first's address back (the allocator hands the freed block out
     # again), W now spanning past its storage's end; the key holds the storage's extent
