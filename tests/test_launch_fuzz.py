@@ -55,7 +55,7 @@ REVERTED_FIXES = {
     "a tensor's sign bit unkeyed (a lazily negated view at its address)":
         ("t.get_device(), t.is_neg(), t.storage_offset(),", "t.get_device(), t.storage_offset(),"),
     "a tensor's storage unkeyed (its storage shrunk at its address by resize_)":
-        ("t.is_neg(), t.storage_offset(),\n                        t.untyped_storage().nbytes())", "t.is_neg())"),
+        ("t.is_neg(), t.storage_offset(),\n                        storage.nbytes())", "t.is_neg())"),
     "W's conjugate bit unkeyed (W.data = its bytes as a complex tensor's conjugate)":
         ("key = [*values, W.shape, W.is_conj()]", "key = [*values, W.shape]"),
     "a plan kept though its call made a temporary (a table copied during graph capture)":
