@@ -323,7 +323,8 @@ class Gpu:
         self.graphs = []
 
     def to_gpu(self, tensor, gpu):
-        return tensor.to(f"cuda:{gpu}", copy=True)
+        """A copy of tensor on GPU `gpu` (-1: the CPU, where a change moved a field)."""
+        return tensor.to(f"cuda:{gpu}" if gpu >= 0 else "cpu", copy=True)
 
     def made_anew(self, tensor):
         """(On a GPU, a launch on freed memory shows in the bits: nothing to watch.)"""
