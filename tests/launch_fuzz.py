@@ -37,7 +37,7 @@ call under a FakeTensorMode, a FlopCounterMode
 and make_fx (whose graph must hold the kernel); make two threads' first calls race for a table; on a GPU, capture a call in a CUDA graph (a process's first or not), replay it or not
 before eager calls, delete the graphs, empty the cache and allocate over the freed blocks.
 
-    python tests/launch_fuzz.py --backend stand-in|gpu [--examples N] [--steps K] [--gpus G] [--fixed-seed]
+    python tests/launch_fuzz.py --backend stand-in|gpu [--examples N] [--steps K] [--gpus G] [--fixed-seed] [--no-shrink]
 
 prints one JSON line: the examples and calls run, the failure hypothesis found (its shortest steps), if any, the
 first Finding raised and the first other exception a call's check or graph work raised.
@@ -70,7 +70,7 @@ import bitsandbytes.functional as bnbf  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
-from hypothesis import HealthCheck, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, Phase, settings, strategies as st  # noqa: E402
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rule, run_state_machine_as_test  # noqa: E402
 
 from benchmarks.cells import NOTEBOOK, kernel_cell_sources, load_kernel_cells  # noqa: E402
@@ -1501,6 +1501,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--gpus", type=int, default=None)
     parser.add_argument("--fixed-seed", action="store_true", help="the same examples every run")
+    parser.add_argument("--no-shrink", action="store_true", help="report the first failure as found, unshortened")
     args = parser.parse_args(argv)
     if args.backend == "gpu":
         backend = Gpu(args.gpus or torch.cuda.device_count())
@@ -1512,7 +1513,8 @@ def main(argv=None):
     try:
         run_state_machine_as_test(machine, settings=settings(
             max_examples=args.examples, stateful_step_count=args.steps, deadline=None, database=None,
-            derandomize=args.fixed_seed, suppress_health_check=list(HealthCheck), print_blob=True))
+            derandomize=args.fixed_seed, suppress_health_check=list(HealthCheck), print_blob=True,
+            phases=[phase for phase in Phase if not (args.no_shrink and phase == Phase.shrink)]))
     except BaseException as error:  # each failure carries its shortest steps as notes
         failure = "\n".join(_failures(error))
         print("".join(traceback.format_exception(error)), file=sys.stderr)
