@@ -448,7 +448,6 @@ def _tensor_changes(backend):
         "t.data = a lazily negated view at its address": lambda t: _swap(t, torch._neg_view(t.data)),
         "its storage shrunk at its address": _shrunk,
         "a sparse copy": lambda t: t.to_sparse(),
-        "the tensor class itself": lambda t: torch.Tensor,
     }
 
 
@@ -1184,6 +1183,12 @@ def make_machine(backend):
                 self._observe(weight)
                 self._observe(weight)
                 _set(weight.q, field, held)
+            self._observe(weight)
+
+        @rule(weight=weights, field=st.sampled_from(TENSOR_FIELDS))
+        def a_field_set_to_the_tensor_class(self, weight, field):
+            # torch.Tensor itself, not a tensor: its methods are unbound, and reading one raises TypeError
+            _set(weight.q, field, torch.Tensor)
             self._observe(weight)
 
         @rule(weight=weights, field=st.sampled_from(("W",) + TENSOR_FIELDS))
