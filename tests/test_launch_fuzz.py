@@ -47,14 +47,15 @@ def test_the_fuzzer_finds_nothing_on_this_machines_gpus():
 
 
 # the fixes of the launch path's known faults, each undone in a copy of the notebook: the fuzzer must find each.
-# (The kept tables made anew by the wrapper cell run again is left out: a plan now holds its table, and a plan made by
-# another validate is not used, so no call of the fuzzer's reads a freed table; a CUDA graph captured before it still
-# would, which no rule generates.)
+# (Two are left out, as no longer faults since a plan holds its table: the kept tables made anew by the wrapper cell run
+# again (a plan made by another validate is not used either), and a racing thread's table kept over the first one
+# (the first call's plan holds the first). No call of the fuzzer's reads a freed table; a CUDA graph captured before
+# the wrapper cell ran again still would, which no rule generates.)
 REVERTED_FIXES = {
     "W read without its shape (W.unsqueeze_(0), W.data = a (1, n) view)":
         ("key = [*values, W.shape, W.is_conj()]", "key = [*values, W.is_conj()]"),
     "tensors read without dtype, size and contiguity (another dtype or size at the same address)":
-        ("t.data_ptr(), t.dtype, t.numel(),\n                        t.is_contiguous(), ", "t.data_ptr(), "),
+        ("storage.data_ptr(), t.dtype, t.numel(),\n                        t.is_contiguous(), ", "storage.data_ptr(), "),
     "a tensor's sign bit unkeyed (a lazily negated view at its address)":
         ("t.get_device(), t.is_neg(), t.storage_offset(),", "t.get_device(), t.storage_offset(),"),
     "a tensor's storage unkeyed (its storage shrunk at its address by resize_)":
@@ -70,7 +71,7 @@ REVERTED_FIXES = {
     "a field of another type keyed by its value (nested as a tensor changed in place)":
         ("if (tuple(map(type, values)) != FIELD_TYPES[:len(values)]", "if (not values"),
     "a tensor of any type keyed (a proxy forwarding to W)":
-        ("key += (isinstance(t, torch.Tensor), t.data_ptr(),", "key += (t.data_ptr(),"),
+        ("key += (isinstance(t, torch.Tensor), storage.data_ptr(),", "key += (storage.data_ptr(),"),
     "a launch hook read by its truth (one that reads as False)":
         ("if hook is not None and (not isinstance(hook, HOOK_CHAIN) or hook.calls):",
          "if hook and (not isinstance(hook, HOOK_CHAIN) or hook.calls):"),
@@ -104,9 +105,6 @@ REVERTED_FIXES = {
         ("if type(quant_type) is not str or quant_type not in", "if quant_type not in"),
     "only the launch hooks checked (a compile hook; on Triton 3.7+ the stages inspection hook)":
         ('and not name.startswith(("kernel_load_", "kernel_unload_"))', 'and name.startswith("launch_")'),
-    "a racing thread's table kept over the first one (whose address a plan holds)":
-        ("return _TABLES.setdefault((device, quant_type), table)",
-         "_TABLES[device, quant_type] = table\n    return table"),
     "a shape's sizes of any int type keyed (a size equal to anything)":
         ("\n                or any(type(size) is not int for size in shape)):", "):"),
 }
