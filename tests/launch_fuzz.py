@@ -1452,44 +1452,41 @@ def _swap_and_back(weight, field):
 
 
 @contextlib.contextmanager
-def _reading_once(owner, name, other, read):
-    """owner.name reads `other` on its `read`-th read, its own value on every other (a property of a subclass
-    owner takes on meanwhile)."""
-    cls, reads = owner.__class__, [0]
-
-    def get(instance):
-        reads[0] += 1
-        return other if reads[0] == read else instance.__dict__[name]
-
-    def put(instance, value):
-        instance.__dict__[name] = value
-
-    owner.__class__ = type(cls.__name__, (cls,), {name: property(get, put)})
-    try:
-        yield
-    finally:
-        owner.__class__ = cls
-
-
-@contextlib.contextmanager
-def _read_anew(owner, name, watch):
-    """owner.name read as a new copy of its tensor at every read (a property of a subclass owner takes on meanwhile);
-    watch(copy) is told of each."""
+def _read_as(owner, name, get):
+    """owner.name read as get(its own value) at every read: a property of a subclass owner takes on meanwhile (setting
+    it sets its own value)."""
     cls = owner.__class__
 
-    def get(instance):
-        copied = instance.__dict__[name].clone()
-        watch(copied)
-        return copied
+    def read(instance):
+        return get(instance.__dict__[name])
 
     def put(instance, value):
         instance.__dict__[name] = value
 
-    owner.__class__ = type(cls.__name__, (cls,), {name: property(get, put)})
+    owner.__class__ = type(cls.__name__, (cls,), {name: property(read, put)})
     try:
         yield
     finally:
         owner.__class__ = cls
+
+
+def _reading_once(owner, name, other, read):
+    """owner.name reads `other` on its `read`-th read, its own value on every other."""
+    reads = [0]
+
+    def get(value):
+        reads[0] += 1
+        return other if reads[0] == read else value
+    return _read_as(owner, name, get)
+
+
+def _read_anew(owner, name, watch):
+    """owner.name read as a new copy of its tensor at every read; watch(copy) is told of each."""
+    def get(value):
+        copied = value.clone()
+        watch(copied)
+        return copied
+    return _read_as(owner, name, get)
 
 
 def _failures(error):

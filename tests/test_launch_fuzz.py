@@ -32,7 +32,7 @@ def _fuzz(*arguments, timeout=600):
 @pytest.mark.skipif(GPU, reason="the stand-in replaces Triton's driver: on a GPU the fuzzer runs on the GPU")
 @pytest.mark.parametrize("seed", ["fixed", "fresh"])
 def test_the_fuzzer_finds_nothing_on_the_stand_in_gpus(seed):
-    arguments = ["--backend", "stand-in", "--examples", "1000", "--steps", "30"]
+    arguments = ["--backend", "stand-in", "--examples", "800", "--steps", "30"]  # (the two within 90 s, idle: item 5)
     report = _fuzz(*arguments, *(["--fixed-seed"] if seed == "fixed" else []))
     # it reaches every outcome: bits through a plan, bits after validation, refusals
     assert {"bits through a plan", "bits, validated", "refused"} <= set(report["outcomes"]), report
