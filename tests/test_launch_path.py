@@ -751,3 +751,23 @@ def test_every_input_of_a_launch_tells_kinds_apart(kernel, monkeypatch):
         assert kernel.kind_key(*arguments) != base, name
     monkeypatch.setattr(kernel, "_dequantize_4bit_kernel", types.SimpleNamespace(fn=lambda: None))
     assert kernel.kind_key(args, constexprs, options, 0) != base, "another kernel"
+
+
+def test_a_first_call_while_torch_empty_makes_meta_tensors_returns_on_ws_device(kernel, monkeypatch):
+    # accelerate's init_empty_weights(include_buffers=True) before 0.22 (and code copied from it) replaces
+    # torch.empty with one that makes meta tensors, whatever device it is given: an output made by it holds no
+    # memory, and a launch into it writes to address 0. A weight's first call, its kind already compiled
+    known = _layer(seed=91)
+    kernel.dequantize_nf4(known.weight, known.weight.quant_state)
+    layer = _layer(seed=92)
+    W, qs = layer.weight, layer.weight.quant_state
+    expected = bnbf.dequantize_4bit(W, qs)
+    make_empty = torch.empty
+
+    def empty_on_meta(*args, **kwargs):
+        return make_empty(*args, **{**kwargs, "device": "meta"})
+
+    monkeypatch.setattr(torch, "empty", empty_on_meta)
+    out = kernel.dequantize_nf4(W, qs)
+    monkeypatch.undo()
+    assert_same_bits(out, expected, "torch.empty patched")
