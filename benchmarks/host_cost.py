@@ -33,12 +33,14 @@ ANOTHER_GPU = ("a weight on cuda:1 (a model split over two GPUs): a later call w
 
 
 def floor_call(plan):
-    """A plan's launch with nothing read or checked: a new output (the plan's torch.empty_strided) and
-    compiled.run (HOST_COST_FLOOR)."""
+    """A plan's launch with nothing read or checked: a new output by torch.empty_strided, of the shape, strides and
+    dtype the plan makes (its new_output, the table's new_empty_strided), and compiled.run (HOST_COST_FLOOR)."""
     compiled, gpu = plan.compiled, plan.gpu
+    shape, stride = plan.new_output.args
+    dtype, device = plan.new_output.keywords["dtype"], plan.table.device
 
     def floor():
-        out = plan.new_output()
+        out = torch.empty_strided(shape, stride, dtype=dtype, device=device)
         compiled.run(*plan.grid, torch._C._cuda_getCurrentRawStream(gpu), compiled.function,
                      compiled.packed_metadata, None, None, None, *plan.before_out, out.data_ptr(), *plan.after_out)
         return out

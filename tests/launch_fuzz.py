@@ -33,8 +33,8 @@ stages inspection hook (3.7+), a pre-run hook and the kernel's own debug flag, a
 is set to go through Triton's launch; set CONFIG_OVERRIDE, change a LAUNCH_CONFIGS entry in place, keep at most one
 or two plans; run the wrapper cell again, as it is or with BLOCKSIZES edited (CONFIG_OVERRIDE set again, the same
 object, or not); drop the kept tables (freed unless a plan holds one); make a first call under torch's default dtype bfloat16;
-call under a FakeTensorMode, a FlopCounterMode
-and make_fx (whose graph must hold the kernel); make two threads' first calls race for a table; on a GPU, capture a call in a CUDA graph (a process's first or not), replay it or not
+call (a weight's first or not) while torch.empty or torch.empty_strided makes meta tensors, as accelerate's
+init_empty_weights made it; call under a FakeTensorMode, a FlopCounterMode and make_fx (whose graph must hold the kernel); make two threads' first calls race for a table; on a GPU, capture a call in a CUDA graph (a process's first or not), replay it or not
 before eager calls, delete the graphs, empty the cache and allocate over the freed blocks.
 
     python tests/launch_fuzz.py --backend stand-in|gpu [--examples N] [--steps K] [--gpus G] [--fixed-seed] [--no-shrink]
@@ -520,7 +520,7 @@ def _other_values_of(name):
         "blocksize": [64, 128, 4096, 48, 16, 64.0, True],
         "nested": [True, False, "a tensor", "its tensor changed in place"],
         "state2": [None, "another weight's"],
-        "state2.blocksize": [256, 128, 3, 256.0, 2**31],
+        "state2.blocksize": [256, 128, 8, 4, 3, 256.0, 2**31],
         "state2.dtype": [torch.float32, torch.float16],
         "state2.nested": [False, True, "a tensor", "its tensor changed in place"],
     }[name]
@@ -1219,6 +1219,30 @@ def make_machine(backend):
                 torch.set_default_dtype(torch.float32)
             if isinstance(ours, Exception) and not str(ours).startswith(NAMED):
                 raise Finding(f"a first call under torch's default dtype bfloat16 raised {ours!r}")
+            self._observe(weight)
+
+        @rule(weight=weights, patched=st.sampled_from(["empty", "empty_strided"]), its_first_call=st.booleans())
+        def a_call_while_torch_makes_meta_tensors(self, weight, patched, its_first_call):
+            # accelerate's init_empty_weights(include_buffers=True) before 0.22, and helpers copied from it, replace
+            # torch.empty (zeros, ones, full) with one making meta tensors whatever device it is given; a tracker may
+            # wrap torch.empty_strided so. A call then gives bitsandbytes' bits on W's device, and a plan made then
+            # keeps no patched function: the calls after it, the patch gone, are checked as every call is
+            if weight.W is None:
+                return
+            if its_first_call:
+                kernel._plans.clear()
+            make = getattr(torch, patched)
+
+            def make_on_meta(*args, **kwargs):
+                return make(*args, **{**kwargs, "device": "meta"})
+            setattr(torch, patched, make_on_meta)
+            try:
+                ours, launches, _ = self._call(weight.W, weight.q)
+            finally:
+                setattr(torch, patched, make)
+            q = _as_plain(weight.q)
+            validated, refusal = fresh_validation(kernel, weight.W, q)
+            self._judge(weight.W, q, ours, launches, validated, refusal)
             self._observe(weight)
 
         @rule(weight=weights, first_call=st.booleans())

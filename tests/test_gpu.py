@@ -59,6 +59,21 @@ def test_past_two_to_the_31_weights(kernel):
         assert torch.equal(out[start:stop], ref.view(-1)), f"slice {start}:{stop}"
 
 
+@pytest.mark.parametrize("n", [2**31 - 63, 2**31 - 1], ids=["2**31-63", "2**31-1"])
+def test_just_under_two_to_the_31_weights(kernel, n):
+    # Triton passes such an n as an int32: bounds computed from n + 63 or n + 1 wrapped, and every value was 0.
+    # Whole, against bitsandbytes (its kernel takes n in an int, with int64 offsets)
+    import bitsandbytes.functional as bnbf
+    generator = torch.Generator("cuda").manual_seed(0)
+    packed = torch.randint(0, 256, ((n + 1) // 2, 1), dtype=torch.uint8, device="cuda", generator=generator)
+    absmax = torch.rand(-(-n // 64), device="cuda", generator=generator) + 0.5
+    state = bnbf.QuantState(absmax=absmax, shape=torch.Size([n]), code=bnbf.get_4bit_type("nf4", "cuda"),
+                            blocksize=64, quant_type="nf4", dtype=torch.float16)
+    out = kernel.dequantize_nf4(packed, state)
+    expected = bnbf.dequantize_4bit(packed, state)
+    assert torch.equal(out, expected), f"{int((out != expected).sum())} of {n} values differ"
+
+
 def test_a_moved_weight_is_followed(kernel):
     # The cached launch is keyed on the weight's address: new storage must not reuse it.
     import bitsandbytes.functional as bnbf

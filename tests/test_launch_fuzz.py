@@ -107,6 +107,16 @@ REVERTED_FIXES = {
         ('and not name.startswith(("kernel_load_", "kernel_unload_"))', 'and name.startswith("launch_")'),
     "a shape's sizes of any int type keyed (a size equal to anything)":
         ("\n                or any(type(size) is not int for size in shape)):", "):"),
+    "the output made by torch.empty (accelerate's old init_empty_weights: a meta output)":
+        ("out = layout.packed.new_empty(layout.shape, dtype=layout.dtype)",
+         "out = torch.empty(layout.shape, dtype=layout.dtype, device=device)"),
+    "a plan keeping torch.empty_strided as found at its first call (a meta output after)":
+        ("functools.partial(layout.code.new_empty_strided, out.shape, out.stride(),\n"
+         "                                   dtype=out.dtype)",
+         "functools.partial(torch.empty_strided, out.shape, out.stride(),\n"
+         "                                   dtype=out.dtype, device=out.device)"),
+    "a state2.blocksize below 8 accepted (bitsandbytes' CUDA kernel scales 8 codes at once)":
+        ("not 8 <= blocksize2 < 2**31", "not 0 < blocksize2 < 2**31"),
 }
 
 
@@ -130,8 +140,9 @@ def _notebook_with(tmp_path, old, new):
 def test_the_fuzzer_finds_each_fault_once_its_fix_is_undone(tmp_path, fix):
     old, new = REVERTED_FIXES[fix]
     # graph capture needs a GPU; a storage shrunk by resize_ gets its address back from a GPU's caching allocator
-    # (the CPU's seldom hands it back: there, launch_offline's key_changes sees that the key holds the extent)
-    needs_gpu = "graph capture" in fix or "resize_" in fix
+    # (the CPU's seldom hands it back: there, launch_offline's key_changes sees that the key holds the extent);
+    # bitsandbytes' CUDA bits for a state2.blocksize below 8 are a GPU's (the stand-in compares launches only)
+    needs_gpu = "graph capture" in fix or "resize_" in fix or "bitsandbytes' CUDA" in fix
     if needs_gpu != GPU:
         pytest.skip("needs a GPU" if needs_gpu else "run on the CPU stand-in")
     backend = "gpu" if GPU else "stand-in"

@@ -753,21 +753,26 @@ def test_every_input_of_a_launch_tells_kinds_apart(kernel, monkeypatch):
     assert kernel.kind_key(args, constexprs, options, 0) != base, "another kernel"
 
 
-def test_a_first_call_while_torch_empty_makes_meta_tensors_returns_on_ws_device(kernel, monkeypatch):
-    # accelerate's init_empty_weights(include_buffers=True) before 0.22 (and code copied from it) replaces
-    # torch.empty with one that makes meta tensors, whatever device it is given: an output made by it holds no
-    # memory, and a launch into it writes to address 0. A weight's first call, its kind already compiled
+@pytest.mark.parametrize("patched", ["empty", "empty_strided"])
+def test_a_first_call_while_torchs_constructors_make_meta_tensors_and_the_calls_after(kernel, monkeypatch, patched):
+    # accelerate's init_empty_weights(include_buffers=True) before 0.22 (and helpers copied from it) replaces
+    # torch.empty and other constructors with ones making meta tensors, whatever device they are given: an output
+    # made by one holds no memory, and a launch into it writes to address 0. A weight's first call under such a
+    # patch (its kind already compiled, so it plans), then its later calls once the patch is gone: the plan made
+    # then must not keep the patched function
     known = _layer(seed=91)
     kernel.dequantize_nf4(known.weight, known.weight.quant_state)
     layer = _layer(seed=92)
     W, qs = layer.weight, layer.weight.quant_state
     expected = bnbf.dequantize_4bit(W, qs)
-    make_empty = torch.empty
+    make = getattr(torch, patched)
 
-    def empty_on_meta(*args, **kwargs):
-        return make_empty(*args, **{**kwargs, "device": "meta"})
+    def make_on_meta(*args, **kwargs):
+        return make(*args, **{**kwargs, "device": "meta"})
 
-    monkeypatch.setattr(torch, "empty", empty_on_meta)
-    out = kernel.dequantize_nf4(W, qs)
+    monkeypatch.setattr(torch, patched, make_on_meta)
+    outs = [kernel.dequantize_nf4(W, qs)]
     monkeypatch.undo()
-    assert_same_bits(out, expected, "torch.empty patched")
+    outs += [kernel.dequantize_nf4(W, qs) for _ in range(2)]
+    for call, out in enumerate(outs):
+        assert_same_bits(out, expected, f"call {call} (the first under the patch)")

@@ -60,6 +60,27 @@ def test_every_blocksize(kernel, blocksize, nested):
     assert all(torch.equal(out, ref) for ref in references(W, qs).values())
 
 
+def test_the_bounds_just_under_2_31_weights_do_not_wrap(kernel):
+    # Triton passes an n below 2**31 as an int32: for n from 2**31 - BLOCKSIZE + 1 to 2**31 - 1, a bound computed
+    # as (n + BLOCKSIZE - 1) // BLOCKSIZE or (n + 1) // 2 wrapped negative, every load was masked off and the output
+    # was zeros. Program 0 alone, launched as for such an n, reads and writes only the first tile: a weight of one
+    # tile stands in for it, against bitsandbytes' bits for that tile
+    layer = helpers.make_layer(32, 64, torch.float16, device=DEVICE)
+    W, qs = layer.weight, layer.weight.quant_state
+    layout = kernel.validate(W, qs)
+    expected = bnbf.dequantize_4bit(W, qs).view(-1)
+    capability = kernel.device_capability(layout.packed.device)
+    config = kernel.DEFAULT_CONFIG
+    assert config.weights_per_program == expected.numel()
+    for n in (2**31 - qs.blocksize + 1, 2**31 - 1):
+        grid, args, constexprs, options = kernel.launch_arguments(
+            layout, torch.empty(n, dtype=layout.dtype, device="meta"), config, capability)
+        assert constexprs["MASKED"] and constexprs["WIDE"], n
+        out = torch.full_like(expected, float("nan"))
+        kernel._dequantize_4bit_kernel[(1,)](*args[:-2], out, n, **constexprs, **options)
+        assert torch.equal(out, expected), f"n = 2**31 - {2**31 - n}: {int((out != expected).sum())} values differ"
+
+
 def test_the_launch_takes_int64_offsets_from_2_31_weights_and_no_fma_without_ptx(kernel):
     # two exactness rules of launch_arguments, read without a launch (a meta output holds no data): offsets are
     # int64 where the last tile reaches 2**31 weights, and without inline PTX (the interpreter, a config
