@@ -113,3 +113,15 @@ def test_a_nan_scale_gives_the_nan_bitsandbytes_cuda_kernel_writes(kernel):
         assert torch.equal(ours, bnbf.dequantize_4bit(W, qs).view(torch.int16))
     else:
         assert (ours[0] == 0x7FFF).all() and (ours[1] == 0x3F80).all()  # NaN; 1.0
+
+
+@pytest.mark.parametrize("blocksize2", [8, 16, 64])
+def test_a_state2_blocksize_from_8_gives_bitsandbytes_bits(kernel, blocksize2):
+    # a state2.blocksize below bitsandbytes' 256, down to the 8 codes its CUDA kernel scales at once (below 8 is
+    # refused: test_errors.py): one absmax2 per blocksize2 absmax codes, as on both of bitsandbytes' kernels
+    layer = helpers.make_layer(64, 256, torch.bfloat16, device=DEVICE, seed=blocksize2)
+    qs = layer.weight.quant_state
+    generator = torch.Generator().manual_seed(blocksize2)
+    qs.state2.absmax = (torch.rand(-(-qs.absmax.numel() // blocksize2), generator=generator) + 0.5).to(DEVICE)
+    qs.state2.blocksize = blocksize2
+    _check(kernel, layer)
