@@ -699,6 +699,15 @@ def make_machine(backend):
                 if weight.W is not None:
                     self._checked_call(weight.W, weight.q)
 
+        def _drop_the_plan(self, W, q):
+            """The plan for W and q as they read now forgotten (their next call is a first call); a key no dict
+            can hold is a Finding (every call looks its key up)."""
+            key = kernel.key_of(W, q)[0]
+            try:
+                kernel._plans.pop(key, None)
+            except TypeError as error:
+                raise Finding(f"key_of gave a key no dict can hold: {error}") from error
+
         def _in_a_thread(self, work):
             outcome = []
 
@@ -1117,7 +1126,7 @@ def make_machine(backend):
             if not accepted:
                 return  # (a refused state makes no table: there is no race)
             for weight in (first, second):
-                kernel._plans.pop(kernel.key_of(weight.W, weight.q)[0], None)
+                self._drop_the_plan(weight.W, weight.q)
             both_making, first_returned = threading.Barrier(2, timeout=5), threading.Event()
             make = kernel.get_4bit_type
 
@@ -1288,7 +1297,7 @@ def make_machine(backend):
             W, q = weight.W, weight.q
             if as_a_first_call:  # as in a fresh process, or once its plan was dropped: no table kept, no plan
                 self.forget_the_kept_tables()
-                kernel._plans.pop(kernel.key_of(W, q)[0], None)
+                self._drop_the_plan(W, q)
             kept = dict(kernel._TABLES)
             validated, refusal = fresh_validation(kernel, W, q)
             for key in set(kernel._TABLES) - set(kept):  # (so that a first call is the captured one)

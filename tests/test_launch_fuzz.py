@@ -79,8 +79,15 @@ REVERTED_FIXES = {
         ("\n            and config is launch_config(capability))", ")"),
     "a plan used whatever checks made it (the wrapper cell run again, BLOCKSIZES edited)":
         ("kernel is _dequantize_4bit_kernel and checks is validate", "kernel is _dequantize_4bit_kernel"),
-    "a plan not holding its table (the kept tables cleared: the table freed)":
-        ("layout.transposed, layout.code,", "layout.transposed, None,"),
+    "a plan not holding its table (the kept tables cleared: the table freed)":  # (nor through new_output)
+        ("functools.partial(layout.code.new_empty_strided, out.shape, out.stride(),\n"
+         "                                   dtype=out.dtype)\n"
+         "    plan = Plan(_kinds[key], (*grid, 1, 1)[:3], before_out, after_out, gpu, new_output,\n"
+         "                layout.transposed, layout.code,",
+         "functools.partial(torch.empty_strided, out.shape, out.stride(),\n"
+         "                                   dtype=out.dtype, device=out.device)\n"
+         "    plan = Plan(_kinds[key], (*grid, 1, 1)[:3], before_out, after_out, gpu, new_output,\n"
+         "                layout.transposed, None,"),
     "the key's tensors not held until the launch (a field made anew at each read)":
         ("return tuple(key), storages", "return tuple(key), ()"),
     "the key's tensors held, not their storages (a `t.data =` swap between a call's key and its launch)":
