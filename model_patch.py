@@ -25,7 +25,7 @@ Where bitsandbytes runs its own fused 4-bit matmul (decode, small batches) nothi
 the kernel cannot answer with bitsandbytes' exact bits (another layout, a device it does not run on,
 an input dtype other than the weight's, torch.compile tracing) goes to bitsandbytes: the patch
 changes nothing but speed. PATCH_CALLS counts who answered what. Switching off puts back the very
-objects that were there.
+objects that were there (a wrapper another library put over a replacement stays, with a warning).
 
 check_in_a_small_llama() is the notebook's check that this holds in a model: one QLoRA step of a
 small Llama, bit for bit the same with and without the patch.
@@ -51,9 +51,17 @@ _BNB_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 PATCH_CALLS = Counter()
 _CALLER = threading.local()  # .quant_state: the matmul_4bit call running on this thread
 _PATCH_LOCK = threading.Lock()
-# The attribute a replacement carries: the kernel function it calls. It tells our replacements
-# from bitsandbytes' own functions, and which kernel function a replacement was made for.
+# The attribute a replacement carries: (itself, the kernel function it calls). It tells our
+# replacements from bitsandbytes' own functions, and which kernel function a replacement was made
+# for. Itself, because a wrapper another library puts over one (functools.wraps) copies the
+# attribute: such a wrapper is not ours.
 _KERNEL_ATTRIBUTE = "_nf4_triton_patch"
+
+
+def _kernel_function_of(function):
+    """The kernel function `function` calls, if it is one of our replacements; else None."""
+    made_as, kernel_function = getattr(function, _KERNEL_ATTRIBUTE, (None, None))
+    return kernel_function if made_as is function else None
 
 
 def _kernel_may_answer(W, quant_state):
@@ -174,6 +182,8 @@ def _dequantize_linear_through_triton(original, dequantize_nf4):
                 and _kernel_may_answer(B, qs)):
             W = _kernel_answer("dequantize+linear", dequantize_nf4, B, qs)
             if W is not None:
+                if B.shape[0] == 1:  # dequantize_4bit's out.t() for a one-row B (the kernel's too): not here
+                    W = W.t()
                 return F.linear(A, W, bias)
         PATCH_CALLS["dequantize+linear", "bitsandbytes"] += 1
         return original(A, B, shapeB, absmax, blocksize, quant_type, bias,
@@ -212,7 +222,7 @@ def _set_patched(wanted):
         current = getattr(module, attribute, None)
         if current is None:
             continue
-        calling = getattr(current, _KERNEL_ATTRIBUTE, None)  # None: bitsandbytes' own function
+        calling = _kernel_function_of(current)  # None: not ours (bitsandbytes' own function)
         if calling is None:
             original = current
         else:
@@ -220,10 +230,14 @@ def _set_patched(wanted):
         kernel_function = wanted.get(name)
         if kernel_function is not None and kernel_function is not calling:
             replacement = make(original, kernel_function)
-            setattr(replacement, _KERNEL_ATTRIBUTE, kernel_function)
+            setattr(replacement, _KERNEL_ATTRIBUTE, (replacement, kernel_function))
             setattr(module, attribute, replacement)
         elif kernel_function is None and calling is not None:
             setattr(module, attribute, original)  # the original object, as it was
+        elif kernel_function is None and hasattr(current, _KERNEL_ATTRIBUTE):
+            warnings.warn(f"use_triton_dequantize: {name} is another library's wrapper over the patch's "
+                          "replacement, left as it is: calls through it still reach the kernel",
+                          RuntimeWarning, stacklevel=3)
         if kernel_function is not None:
             patched.append(name)
     return patched
@@ -234,7 +248,7 @@ def _patched_now():
     calling = {}
     for module_name, attribute, _ in _TARGETS:
         function = getattr(sys.modules.get(module_name), attribute, None)
-        kernel_function = getattr(function, _KERNEL_ATTRIBUTE, None)
+        kernel_function = _kernel_function_of(function)
         if kernel_function is not None:
             calling[f"{module_name}.{attribute}"] = kernel_function
     return calling

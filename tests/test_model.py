@@ -172,6 +172,37 @@ def _decoded_absmax(qs):
     return bnbf.dequantize_blockwise(qs.absmax, qs.state2) + qs.offset
 
 
+@pytest.mark.parametrize("shape, storage", [((1, 2), torch.uint8), ((2, 1), torch.uint8), ((2, 2), torch.bfloat16),
+                                            ((2, 4), torch.float32)], ids=str)
+def test_forward_dequantize_then_linear_of_a_weight_packed_in_one_element(kernel, calls, monkeypatch, shape, storage):
+    """A weight whose packed bytes fit in one element of its storage reaches the forward's step as a (1, 1) B:
+    bitsandbytes' dequantize_4bit (and the kernel) returns out.t() for a one-row B, its dequantize-then-linear
+    does not (a 2x2 weight in bf16 storage: W transposed, silently)."""
+    from bitsandbytes.backends.default.ops import _gemm_4bit_default_impl as bnb_dequantize_linear
+    import bitsandbytes.functional as bnbf
+    # (the CPU's bitsandbytes kernel starts a block at each row, unlike this step's on a GPU: on a GPU each of these
+    # weights gets the kernel; on the CPU _kernel_may_answer declines rows that are not whole blocks)
+    monkeypatch.setattr(model_patch, "_kernel_may_answer", lambda W, qs: True)
+    generator = torch.Generator().manual_seed(sum(shape))
+    W, qs = bnbf.quantize_4bit(torch.randn(shape, generator=generator).to(DEVICE), blocksize=64, quant_type="nf4",
+                               compress_statistics=True, quant_storage=storage)
+    qs.dtype = torch.bfloat16
+    args = (W.view(-1, 1), qs.shape, qs.state2.absmax, qs.blocksize, qs.quant_type)
+    kwargs = dict(absmax_8bit=qs.absmax, absmax_code=qs.state2.code, absmax_offset=qs.offset)
+    assert args[0].shape == (1, 1)
+    through = model_patch._dequantize_linear_through_triton(bnb_dequantize_linear, kernel.dequantize_nf4)
+
+    @model_patch._remember_quant_state
+    def matmul_4bit(A, B, quant_state, out=None, bias=None):  # stands in for bitsandbytes' own
+        return through(A, *args, bias=bias, **kwargs)
+
+    A = torch.randn(3, shape[1], generator=generator).to(torch.bfloat16).to(DEVICE)
+    reference = bnb_dequantize_linear(A, *args, **kwargs)
+    before = calls["kernel"]
+    assert torch.equal(matmul_4bit(A, W, qs), reference)
+    assert calls["kernel"] == before + 1
+
+
 def test_forward_dequantize_then_linear(kernel, calls):
     """The forward's path, against bitsandbytes' own dequantize-then-linear (its default backend's
     gemm_4bit, which has the CUDA fallback's signature and arithmetic), called as bitsandbytes'
@@ -316,6 +347,30 @@ def test_patch_is_idempotent_nests_and_is_undone_exactly(kernel):
     finally:
         model_patch.use_triton_dequantize(enable=False)
     assert {name: _current(name) for name in TARGETS} == originals
+
+
+def test_another_librarys_wrapper_over_the_patch_is_not_taken_for_it(kernel):
+    # a wrapper another library puts over a replacement with functools.wraps copies its attributes: switching
+    # off must neither take it for ours (and "restore" our replacement under it, dropping it) nor be silent that
+    # calls through it still reach the kernel
+    import functools
+    import bitsandbytes.functional as bnbf
+    original = bnbf.dequantize_4bit
+    try:
+        model_patch.use_triton_dequantize(kernel.dequantize_nf4)
+        ours = bnbf.dequantize_4bit
+
+        @functools.wraps(ours)
+        def another_librarys(*args, **kwargs):
+            return ours(*args, **kwargs)
+        bnbf.dequantize_4bit = another_librarys
+        assert "bitsandbytes.functional.dequantize_4bit" not in model_patch._patched_now()
+        with pytest.warns(RuntimeWarning, match=r"dequantize_4bit is another library's wrapper over the patch"):
+            model_patch.use_triton_dequantize(enable=False)
+        assert bnbf.dequantize_4bit is another_librarys
+    finally:
+        bnbf.dequantize_4bit = original
+        model_patch.use_triton_dequantize(enable=False)
 
 
 def test_switching_from_threads_never_tears_or_stacks(kernel):
