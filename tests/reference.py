@@ -16,7 +16,8 @@ def flat_dequantize_4bit(W, quant_state):
     if qs.nested:
         absmax = bnbf.dequantize_blockwise(qs.absmax, qs.state2)
         absmax += qs.offset  # in place, as dequantize_4bit: the sum stays fp32
-    out = compute(W.view(torch.uint8).reshape(-1), absmax, qs.code, qs.blocksize, qs.shape, qs.dtype)
+    code = bnbf.get_4bit_type(qs.quant_type, W.device)  # (as bitsandbytes: never qs.code)
+    out = compute(W.view(torch.uint8).reshape(-1), absmax, code, qs.blocksize, qs.shape, qs.dtype)
     return out.t() if W.shape[0] == 1 else out  # as dequantize_4bit returns a (1, n) packed weight
 
 

@@ -137,6 +137,20 @@ def test_torch_compile_fullgraph_matches_eager(kernel, dtype):
     print(f"{dtype}: compiled MLP with emulate_precision_casts bit-identical to eager: {torch.equal(emulated, eager_out)}")
 
 
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic dynamic", "dynamic=True"])
+def test_torch_compile_of_weights_of_several_sizes(kernel, dynamic):
+    # a compiled function handed weights of several sizes: from the second size on (or from the first with
+    # dynamic=True) dynamo traces with symbolic sizes, where reading W.nbytes raised
+    import bitsandbytes.functional as bnbf
+    import torch._dynamo
+    torch._dynamo.reset()
+    compiled = torch.compile(kernel.dequantize_nf4, fullgraph=True, dynamic=dynamic)
+    for rows in (256, 512, 768):
+        layer = helpers.make_layer(rows, 1024, torch.bfloat16, seed=rows)
+        W, qs = layer.weight, layer.weight.quant_state
+        assert torch.equal(compiled(W, qs), bnbf.dequantize_4bit(W, qs)), rows
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("fast", [True, False], ids=["direct-launch", "triton-launch"])
 def test_a_weight_on_another_gpu_than_the_current_one(kernel, monkeypatch, fast):
