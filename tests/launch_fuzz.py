@@ -520,7 +520,7 @@ def _other_values_of(name):
         "blocksize": [64, 128, 4096, 48, 16, 64.0, True],
         "nested": [True, False, "a tensor", "its tensor changed in place"],
         "state2": [None, "another weight's"],
-        "state2.blocksize": [256, 128, 8, 4, 3, 256.0, 2**31],
+        "state2.blocksize": [256, 128, 8, 4, 3, 256.0, 2**31, "8, state2.absmax to match", "4, state2.absmax to match"],
         "state2.dtype": [torch.float32, torch.float16],
         "state2.nested": [False, True, "a tensor", "its tensor changed in place"],
     }[name]
@@ -802,6 +802,13 @@ def make_machine(backend):
                                        "holding a tensor": (torch.tensor(shape[0]), *shape[1:]),
                                        "numpy int16 sizes": torch.Size([numpy.int16(size) for size in shape]),
                                        "rows doubled": torch.Size([shape[0] * 2, *shape[1:]])}[choice])
+            elif field == "state2.blocksize" and isinstance(choice, str):  # and a state2.absmax of its count
+                blocksize2, absmax = int(choice.split(",")[0]), _get(weight.q, "absmax")
+                if _get(weight.q, "state2") is not None and isinstance(absmax, torch.Tensor):
+                    count = -(-absmax.numel() // blocksize2)
+                    values = torch.rand(count, generator=torch.Generator().manual_seed(count)) + 0.5
+                    _set(weight.q, "state2.absmax", backend.to_gpu(values, backend.gpu_of(absmax)))
+                    _set(weight.q, field, blocksize2)
             elif field == "state2" and choice == "another weight's":
                 others = [w for w in self.made_weights if w is not weight and _get(w.q, "state2") is not None]
                 _set(weight.q, field, _get(others[0].q, "state2") if others else None)

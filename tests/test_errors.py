@@ -288,7 +288,8 @@ def test_a_first_call_under_another_default_dtype_is_refused_by_name(kernel, lay
     # bitsandbytes makes its codebook in torch's default dtype: a table rounded to bfloat16 would be kept for good
     import bitsandbytes.functional as bnbf
     qs = _state(layer)
-    kernel._TABLES.clear()
+    kernel._TABLES.clear()  # a process's first call: no table kept, and no plan (a plan of a freed weight at
+    kernel._plans.clear()   # W's addresses, of its sizes and dtypes, answers W rightly, without a table)
     torch.set_default_dtype(torch.bfloat16)
     try:
         with pytest.raises(RuntimeError, match=r"^dequantize_nf4: torch's default dtype is torch.bfloat16, not float32"):
