@@ -59,9 +59,24 @@ _KERNEL_ATTRIBUTE = "_nf4_triton_patch"
 
 
 def _kernel_function_of(function):
-    """The kernel function `function` calls, if it is one of our replacements; else None."""
-    made_as, kernel_function = getattr(function, _KERNEL_ATTRIBUTE, (None, None))
-    return kernel_function if made_as is function else None
+    """The kernel function `function` calls, if it is one of our replacements; else None (an
+    attribute of another form, as an older model_patch set it, is not ours either)."""
+    marker = getattr(function, _KERNEL_ATTRIBUTE, None)
+    if isinstance(marker, tuple) and len(marker) == 2 and marker[0] is function:
+        return marker[1]
+    return None
+
+
+def _our_replacement_in(function):
+    """Our replacement that `function` is, or wraps (following __wrapped__: another library's
+    wrapper put over one); None where there is none."""
+    seen = set()
+    while function is not None and id(function) not in seen:
+        if _kernel_function_of(function) is not None:
+            return function
+        seen.add(id(function))
+        function = getattr(function, "__wrapped__", None)
+    return None
 
 
 def _kernel_may_answer(W, quant_state):
@@ -222,22 +237,21 @@ def _set_patched(wanted):
         current = getattr(module, attribute, None)
         if current is None:
             continue
-        calling = _kernel_function_of(current)  # None: not ours (bitsandbytes' own function)
-        if calling is None:
-            original = current
-        else:
-            original = current.__wrapped__  # replacements only ever wrap the original object
+        ours = _our_replacement_in(current)  # None: bitsandbytes' own function
+        calling = _kernel_function_of(ours)
         kernel_function = wanted.get(name)
-        if kernel_function is not None and kernel_function is not calling:
+        if ours is not None and ours is not current:  # another library's wrapper over ours: kept
+            if kernel_function is not calling:
+                warnings.warn(f"use_triton_dequantize: {name} is another library's wrapper over the "
+                              f"patch's replacement, left as it is: calls through it still reach "
+                              f"{getattr(calling, '__name__', calling)}", RuntimeWarning, stacklevel=3)
+        elif kernel_function is not None and kernel_function is not calling:
+            original = current if ours is None else ours.__wrapped__  # (ours wrap the original)
             replacement = make(original, kernel_function)
             setattr(replacement, _KERNEL_ATTRIBUTE, (replacement, kernel_function))
             setattr(module, attribute, replacement)
-        elif kernel_function is None and calling is not None:
-            setattr(module, attribute, original)  # the original object, as it was
-        elif kernel_function is None and hasattr(current, _KERNEL_ATTRIBUTE):
-            warnings.warn(f"use_triton_dequantize: {name} is another library's wrapper over the patch's "
-                          "replacement, left as it is: calls through it still reach the kernel",
-                          RuntimeWarning, stacklevel=3)
+        elif kernel_function is None and ours is not None:
+            setattr(module, attribute, ours.__wrapped__)  # the original object, as it was
         if kernel_function is not None:
             patched.append(name)
     return patched
@@ -248,7 +262,7 @@ def _patched_now():
     calling = {}
     for module_name, attribute, _ in _TARGETS:
         function = getattr(sys.modules.get(module_name), attribute, None)
-        kernel_function = _kernel_function_of(function)
+        kernel_function = _kernel_function_of(_our_replacement_in(function))
         if kernel_function is not None:
             calling[f"{module_name}.{attribute}"] = kernel_function
     return calling

@@ -62,9 +62,9 @@ def test_every_blocksize(kernel, blocksize, nested):
 
 def test_the_bounds_just_under_2_31_weights_do_not_wrap(kernel):
     # Triton passes an n below 2**31 as an int32: for n from 2**31 - BLOCKSIZE + 1 to 2**31 - 1, a bound computed
-    # as (n + BLOCKSIZE - 1) // BLOCKSIZE or (n + 1) // 2 wrapped negative, every load was masked off and the output
-    # was zeros. Program 0 alone, launched as for such an n, reads and writes only the first tile: a weight of one
-    # tile stands in for it, against bitsandbytes' bits for that tile
+    # as (n + BLOCKSIZE - 1) // BLOCKSIZE (or, at 2**31 - 1, (n + 1) // 2) wrapped negative and masked every absmax
+    # (every packed byte) off: a scale of 0, or the offset alone where nested. Program 0 alone, launched as for such
+    # an n, reads and writes only the first tile: a weight of one tile stands in for it, against bitsandbytes' bits
     layer = helpers.make_layer(32, 64, torch.float16, device=DEVICE)
     W, qs = layer.weight, layer.weight.quant_state
     layout = kernel.validate(W, qs)

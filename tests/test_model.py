@@ -350,11 +350,13 @@ def test_patch_is_idempotent_nests_and_is_undone_exactly(kernel):
 
 
 def test_another_librarys_wrapper_over_the_patch_is_not_taken_for_it(kernel):
-    # a wrapper another library puts over a replacement with functools.wraps copies its attributes: switching
-    # off must neither take it for ours (and "restore" our replacement under it, dropping it) nor be silent that
-    # calls through it still reach the kernel
+    # a wrapper another library puts over a replacement with functools.wraps copies its attributes: switching on
+    # again must not stack a second replacement over it, and switching off must neither take it for ours (and
+    # "restore" our replacement under it, dropping it) nor be silent that calls through it still reach the kernel
     import functools
+    import warnings
     import bitsandbytes.functional as bnbf
+    name = "bitsandbytes.functional.dequantize_4bit"
     original = bnbf.dequantize_4bit
     try:
         model_patch.use_triton_dequantize(kernel.dequantize_nf4)
@@ -364,10 +366,36 @@ def test_another_librarys_wrapper_over_the_patch_is_not_taken_for_it(kernel):
         def another_librarys(*args, **kwargs):
             return ours(*args, **kwargs)
         bnbf.dequantize_4bit = another_librarys
-        assert "bitsandbytes.functional.dequantize_4bit" not in model_patch._patched_now()
+        assert model_patch._patched_now()[name] is kernel.dequantize_nf4  # (beneath the other wrapper)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            again = model_patch.use_triton_dequantize(kernel.dequantize_nf4)
+            with model_patch.use_triton_dequantize(kernel.dequantize_nf4):
+                assert bnbf.dequantize_4bit is another_librarys
+        assert name in again.patched and bnbf.dequantize_4bit is another_librarys
         with pytest.warns(RuntimeWarning, match=r"dequantize_4bit is another library's wrapper over the patch"):
             model_patch.use_triton_dequantize(enable=False)
         assert bnbf.dequantize_4bit is another_librarys
+    finally:
+        bnbf.dequantize_4bit = original
+        model_patch.use_triton_dequantize(enable=False)
+
+
+def test_a_marker_of_another_form_is_not_taken_for_a_replacement(kernel):
+    # an older model_patch marked a replacement with its kernel function alone (a reloaded module meets one):
+    # not ours, and no error switching on or off
+    import bitsandbytes.functional as bnbf
+    original = bnbf.dequantize_4bit
+    try:
+        def older(*args, **kwargs):
+            return original(*args, **kwargs)
+        older._nf4_triton_patch = kernel.dequantize_nf4
+        bnbf.dequantize_4bit = older
+        assert "bitsandbytes.functional.dequantize_4bit" not in model_patch._patched_now()
+        model_patch.use_triton_dequantize(kernel.dequantize_nf4)
+        assert bnbf.dequantize_4bit.__wrapped__ is older
+        model_patch.use_triton_dequantize(enable=False)
+        assert bnbf.dequantize_4bit is older
     finally:
         bnbf.dequantize_4bit = original
         model_patch.use_triton_dequantize(enable=False)
