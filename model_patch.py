@@ -31,6 +31,7 @@ check_in_a_small_llama() is the notebook's check that this holds in a model: one
 small Llama, bit for bit the same with and without the patch.
 """
 import functools
+import inspect
 import sys
 import tempfile
 import textwrap
@@ -51,16 +52,14 @@ _BNB_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 PATCH_CALLS = Counter()
 _CALLER = threading.local()  # .quant_state: the matmul_4bit call running on this thread
 _PATCH_LOCK = threading.Lock()
-# The attribute a replacement carries: (itself, the kernel function it calls). It tells our
-# replacements from bitsandbytes' own functions, and which kernel function a replacement was made
-# for. Itself, because a wrapper another library puts over one (functools.wraps) copies the
-# attribute: such a wrapper is not ours.
+# The attribute a replacement carries, (itself, the kernel function it calls), tells ours from
+# bitsandbytes' functions and from a wrapper another library puts over one (functools.wraps copies
+# the attribute, not the identity).
 _KERNEL_ATTRIBUTE = "_nf4_triton_patch"
 
 
 def _kernel_function_of(function):
-    """The kernel function `function` calls, if it is one of our replacements; else None (an
-    attribute of another form, as an older model_patch set it, is not ours either)."""
+    """The kernel function our replacement `function` calls; None if it is none of ours."""
     marker = getattr(function, _KERNEL_ATTRIBUTE, None)
     if isinstance(marker, tuple) and len(marker) == 2 and marker[0] is function:
         return marker[1]
@@ -68,15 +67,10 @@ def _kernel_function_of(function):
 
 
 def _our_replacement_in(function):
-    """Our replacement that `function` is, or wraps (following __wrapped__: another library's
-    wrapper put over one); None where there is none."""
-    seen = set()
-    while function is not None and id(function) not in seen:
-        if _kernel_function_of(function) is not None:
-            return function
-        seen.add(id(function))
-        function = getattr(function, "__wrapped__", None)
-    return None
+    """Our replacement that `function` is, or wraps (another library's wrapper put over one, its
+    __wrapped__ followed); None where there is none."""
+    innermost = inspect.unwrap(function, stop=lambda each: _kernel_function_of(each) is not None)
+    return innermost if _kernel_function_of(innermost) is not None else None
 
 
 def _kernel_may_answer(W, quant_state):
@@ -242,9 +236,8 @@ def _set_patched(wanted):
         kernel_function = wanted.get(name)
         if ours is not None and ours is not current:  # another library's wrapper over ours: kept
             if kernel_function is not calling:
-                warnings.warn(f"use_triton_dequantize: {name} is another library's wrapper over the "
-                              f"patch's replacement, left as it is: calls through it still reach "
-                              f"{getattr(calling, '__name__', calling)}", RuntimeWarning, stacklevel=3)
+                warnings.warn(f"use_triton_dequantize: {name} is another library's wrapper over the patch, "
+                              f"left as it is: calls through it reach {calling}", RuntimeWarning, stacklevel=3)
         elif kernel_function is not None and kernel_function is not calling:
             original = current if ours is None else ours.__wrapped__  # (ours wrap the original)
             replacement = make(original, kernel_function)
