@@ -349,7 +349,17 @@ def test_patch_is_idempotent_nests_and_is_undone_exactly(kernel):
     assert {name: _current(name) for name in TARGETS} == originals
 
 
-def test_another_librarys_wrapper_over_the_patch_is_not_taken_for_it(kernel):
+@pytest.fixture
+def dequantize_4bit_put_back():
+    """bitsandbytes.functional.dequantize_4bit as it was, and the patch off, after a test that replaces it."""
+    import bitsandbytes.functional as bnbf
+    original = bnbf.dequantize_4bit
+    yield
+    bnbf.dequantize_4bit = original
+    model_patch.use_triton_dequantize(enable=False)
+
+
+def test_another_librarys_wrapper_over_the_patch_is_not_taken_for_it(kernel, dequantize_4bit_put_back):
     # a wrapper another library puts over a replacement with functools.wraps copies its attributes: switching on
     # again must not stack a second replacement over it, and switching off must neither take it for ours (and
     # "restore" our replacement under it, dropping it) nor be silent that calls through it still reach the kernel
@@ -357,48 +367,40 @@ def test_another_librarys_wrapper_over_the_patch_is_not_taken_for_it(kernel):
     import warnings
     import bitsandbytes.functional as bnbf
     name = "bitsandbytes.functional.dequantize_4bit"
-    original = bnbf.dequantize_4bit
-    try:
-        model_patch.use_triton_dequantize(kernel.dequantize_nf4)
-        ours = bnbf.dequantize_4bit
+    model_patch.use_triton_dequantize(kernel.dequantize_nf4)
+    ours = bnbf.dequantize_4bit
 
-        @functools.wraps(ours)
-        def another_librarys(*args, **kwargs):
-            return ours(*args, **kwargs)
-        bnbf.dequantize_4bit = another_librarys
-        assert model_patch._patched_now()[name] is kernel.dequantize_nf4  # (beneath the other wrapper)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            again = model_patch.use_triton_dequantize(kernel.dequantize_nf4)
-            with model_patch.use_triton_dequantize(kernel.dequantize_nf4):
-                assert bnbf.dequantize_4bit is another_librarys
-        assert name in again.patched and bnbf.dequantize_4bit is another_librarys
-        with pytest.warns(RuntimeWarning, match=r"dequantize_4bit is another library's wrapper over the patch"):
-            model_patch.use_triton_dequantize(enable=False)
-        assert bnbf.dequantize_4bit is another_librarys
-    finally:
-        bnbf.dequantize_4bit = original
+    @functools.wraps(ours)
+    def another_librarys(*args, **kwargs):
+        return ours(*args, **kwargs)
+    bnbf.dequantize_4bit = another_librarys
+    assert model_patch._patched_now()[name] is kernel.dequantize_nf4  # (beneath the other wrapper)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = model_patch.use_triton_dequantize(kernel.dequantize_nf4)
+        with model_patch.use_triton_dequantize(kernel.dequantize_nf4):
+            assert bnbf.dequantize_4bit is another_librarys
+    assert name in again.patched and bnbf.dequantize_4bit is another_librarys
+    with pytest.warns(RuntimeWarning, match=r"dequantize_4bit is another library's wrapper over the patch"):
         model_patch.use_triton_dequantize(enable=False)
+    assert bnbf.dequantize_4bit is another_librarys
 
 
-def test_a_marker_of_another_form_is_not_taken_for_a_replacement(kernel):
+def test_a_marker_of_another_form_is_not_taken_for_a_replacement(kernel, dequantize_4bit_put_back):
     # an older model_patch marked a replacement with its kernel function alone (a reloaded module meets one):
     # not ours, and no error switching on or off
     import bitsandbytes.functional as bnbf
     original = bnbf.dequantize_4bit
-    try:
-        def older(*args, **kwargs):
-            return original(*args, **kwargs)
-        older._nf4_triton_patch = kernel.dequantize_nf4
-        bnbf.dequantize_4bit = older
-        assert "bitsandbytes.functional.dequantize_4bit" not in model_patch._patched_now()
-        model_patch.use_triton_dequantize(kernel.dequantize_nf4)
-        assert bnbf.dequantize_4bit.__wrapped__ is older
-        model_patch.use_triton_dequantize(enable=False)
-        assert bnbf.dequantize_4bit is older
-    finally:
-        bnbf.dequantize_4bit = original
-        model_patch.use_triton_dequantize(enable=False)
+
+    def older(*args, **kwargs):
+        return original(*args, **kwargs)
+    older._nf4_triton_patch = kernel.dequantize_nf4
+    bnbf.dequantize_4bit = older
+    assert "bitsandbytes.functional.dequantize_4bit" not in model_patch._patched_now()
+    model_patch.use_triton_dequantize(kernel.dequantize_nf4)
+    assert bnbf.dequantize_4bit.__wrapped__ is older
+    model_patch.use_triton_dequantize(enable=False)
+    assert bnbf.dequantize_4bit is older
 
 
 def test_switching_from_threads_never_tears_or_stacks(kernel):
