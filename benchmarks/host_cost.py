@@ -37,7 +37,7 @@ def floor_call(plan):
     dtype the plan makes (its new_output, the table's new_empty_strided), and compiled.run (HOST_COST_FLOOR)."""
     compiled, gpu = plan.compiled, plan.gpu
     shape, stride = plan.new_output.args
-    dtype, device = plan.new_output.keywords["dtype"], plan.table.device
+    dtype, device = plan.new_output.keywords["dtype"], plan.new_output.func.__self__.device
 
     def floor():
         out = torch.empty_strided(shape, stride, dtype=dtype, device=device)

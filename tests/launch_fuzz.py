@@ -33,7 +33,7 @@ stages inspection hook (3.7+), a pre-run hook and the kernel's own debug flag, a
 is set to go through Triton's launch; set CONFIG_OVERRIDE, change a LAUNCH_CONFIGS entry in place, keep at most one
 or two plans; run the wrapper cell again, as it is or with BLOCKSIZES edited (CONFIG_OVERRIDE set again, the same
 object, or not); drop the kept tables (freed unless a plan holds one); make a first call under torch's default dtype bfloat16;
-set a state2.blocksize of 4, 8 or 16 with a state2.absmax to match;
+set a state2.blocksize of 4, 8 or 16 with a state2.absmax to match; give the offset more dimensions than absmax;
 call (a weight's first or not) while torch.empty or torch.empty_strided makes meta tensors, as accelerate's
 init_empty_weights made it; call under a FakeTensorMode, a FlopCounterMode and make_fx (whose graph must hold the kernel); make two threads' first calls race for a table; on a GPU, capture a call in a CUDA graph (a process's first or not), replay it or not
 before eager calls, delete the graphs, empty the cache and allocate over the freed blocks.
@@ -246,8 +246,10 @@ class StandIn:
         record = [_with_output(launch, out) for launch in offline_gpu.LAUNCHES]
         try:
             bnb = bnbf.dequantize_4bit(W, q)
-        except RuntimeError:  # its CPU kernel's own limits (a (n, 1) bf16 W.t() it cannot view as
+        except RuntimeError as error:  # its CPU kernel's own limits (a (n, 1) bf16 W.t() it cannot view as
             bnb = out.t() if validated.transposed else out  # bytes): its CUDA path's layout, by its rule
+            if "doesn't match the broadcast shape" in str(error):  # `absmax += offset`: on every device
+                bnb = error
         except Exception as error:  # a refusal on every device: a missing field, a value it rejects
             bnb = error
         return record, bnb
@@ -845,6 +847,15 @@ def make_machine(backend):
             if (isinstance(offset, torch.Tensor) and offset.numel() == 1 and offset.is_floating_point()
                     and _holds_its_bytes(offset)):
                 _set(weight.q, "offset", (offset.double() + 0.01).to(dtype).reshape([1] * dims))
+            self._observe(weight)
+
+        @rule(weight=weights, dims=st.integers(1, 3))
+        def offset_of_more_dimensions(self, weight, dims):
+            # its one value in `dims` dimensions, at its address: more than absmax's (one, as bitsandbytes makes
+            # it), and bitsandbytes' `absmax += offset` cannot broadcast it
+            offset = _get(weight.q, "offset")
+            if isinstance(offset, torch.Tensor) and offset.numel() == 1 and _holds_its_bytes(offset):
+                offset.data = offset.data.reshape([1] * dims)
             self._observe(weight)
 
         @rule(weight=weights, field=st.sampled_from(FLICKERING_FIELDS), read=st.integers(1, 3),

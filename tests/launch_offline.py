@@ -309,6 +309,10 @@ def triton_states(kernel):
     states["a pre-run hook"] = (lambda: jit.pre_run_hooks.append(_hook), lambda: jit.pre_run_hooks.remove(_hook))
     compile_hook = (owner, "jit_cache_hook") if hasattr(owner, "jit_cache_hook") else (type(jit), "cache_hook")
     states["a compile hook"] = (lambda: setattr(*compile_hook, _hook), lambda: setattr(*compile_hook, None))
+    post_compile_hook = ((owner, "jit_post_compile_hook") if hasattr(owner, "jit_post_compile_hook")
+                         else (type(jit), "compiled_hook"))
+    states["a post-compile hook"] = (lambda: setattr(*post_compile_hook, _hook),
+                                     lambda: setattr(*post_compile_hook, None))
     states["the kernel's own debug flag"] = (lambda: setattr(jit, "debug", True), lambda: setattr(jit, "debug", None))
     return states
 
@@ -364,9 +368,9 @@ def a_tensor_on_the_other_gpu(kernel):
 
 def key_changes(kernel):
     """What changes a weight's key: each field (QUANT_STATE_FIELDS, STATE2_FIELDS) set to another value, each
-    tensor's storage swapped (`t.data = ...`) or reinterpreted at its address (another dtype, fewer values, stride
-    0, a lazily negated view, a storage of another extent), W changed in place or conjugated. The names whose change
-    left the key as it was (each must change it, or make it unreadable)."""
+    tensor's storage swapped (`t.data = ...`) or reinterpreted at its address (another dtype or shape, fewer values,
+    stride 0, a lazily negated view, a storage of another extent, its address now another GPU's), W changed in place or
+    conjugated. The names whose change left the key as it was (each must change it, or make it unreadable)."""
     W, q = weight(shape=(32, 128), seed=90)
     before = kernel.key_of(W, q)[0]
     unseen = []
@@ -404,6 +408,12 @@ def key_changes(kernel):
                  lambda: setattr(tensor, "data", data))
         seen(f"{name}.data a lazily negated view", lambda: setattr(tensor, "data", torch._neg_view(data)),
              lambda: setattr(tensor, "data", data))
+        seen(f"{name}.data another shape", lambda: setattr(tensor, "data", data.unsqueeze(0)),
+             lambda: setattr(tensor, "data", data))
+        # its address now GPU 1's: one address space, but an address GPU 0 freed (empty_cache) can be GPU 1's next
+        gpu_1_blocks = offline_gpu.GPUS.memory.setdefault(1, [[], offline_gpu.GPUS.BLOCK])[0]
+        its_memory = torch.empty(0, dtype=torch.uint8).set_(data.untyped_storage())
+        seen(f"{name}'s address on GPU 1", lambda: gpu_1_blocks.append(its_memory), gpu_1_blocks.pop)
         # the same values at the same address, on storages of two extents: on the CPU, a numpy array's view
         # shares its memory with a storage of its own extent (resize_ may shrink a storage in place as well),
         # and on two storages of one extent that start apart: the same address at two offsets

@@ -88,6 +88,10 @@ BROKEN_STATES = {
                             r"quant_state\.offset must be a tensor, got float"),
     "offset of two values": (lambda qs: setattr(qs, "offset", torch.zeros(2, device=qs.absmax.device)), ValueError,
                              r"quant_state\.offset holds 2 values, not 1"),
+    # bitsandbytes adds the offset to the decoded absmax in place (`absmax += offset`): one value in more dimensions
+    # than absmax's cannot broadcast into it, and bitsandbytes raises (test_an_offset_bitsandbytes_cannot_add...)
+    "offset of more dimensions than absmax": (lambda qs: setattr(qs, "offset", qs.offset.reshape(1, 1)), ValueError,
+                                              r"quant_state\.offset has more dimensions than absmax"),
     # bitsandbytes makes an fp32 offset (absmax.mean() of an fp32 absmax); another dtype is refused, not converted
     "offset fp64": (lambda qs: setattr(qs, "offset", qs.offset.double()), TypeError,
                     r"quant_state\.offset must be torch\.float32, got torch\.float64"),
@@ -134,6 +138,28 @@ def test_broken_quant_state(kernel, layer, case):
     with pytest.raises(Exception) as raised:  # (another exception is a wrong answer too, not a crash of the test)
         kernel.dequantize_nf4(layer.weight, qs)
     assert type(raised.value) is error and re.search(message, str(raised.value)), repr(raised.value)
+
+
+@pytest.mark.parametrize("shapes", [((256,), (1, 1)), ((), (1,)), ((256, 1), (1, 1, 1))])
+def test_an_offset_bitsandbytes_cannot_add_to_absmax_is_refused_and_one_it_can_is_exact(kernel, layer, shapes):
+    # absmax's and offset's shapes: where bitsandbytes' `absmax += offset` raises, ours names the offset; an offset
+    # of as many dimensions as absmax (all of size 1) broadcasts, and both give bitsandbytes' bits
+    import bitsandbytes.functional as bnbf
+    absmax_shape, offset_shape = shapes
+    qs = _state(layer)
+    if absmax_shape == ():  # one block: a weight of 64 values
+        W = layer.weight.data.reshape(-1)[:32].clone()
+        qs.shape, qs.blocksize, qs.absmax = torch.Size([1, 64]), 64, qs.absmax[:1].reshape(())
+    else:
+        W = layer.weight.data
+        qs.absmax = qs.absmax.reshape(absmax_shape)
+    qs.offset = qs.offset.reshape(offset_shape)
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        bnbf.dequantize_4bit(W, qs)
+    with pytest.raises(ValueError, match=r"quant_state\.offset has more dimensions than absmax"):
+        kernel.dequantize_nf4(W, qs)
+    qs.offset = qs.offset.reshape([1] * qs.absmax.dim())
+    assert torch.equal(kernel.dequantize_nf4(W, qs), bnbf.dequantize_4bit(W, qs))
 
 
 # bitsandbytes' dequantize_4bit never reads quant_state.code (no backend of it takes the codebook): it

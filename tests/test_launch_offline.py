@@ -45,7 +45,7 @@ def test_each_case_the_header_names_takes_the_launches_it_says(report):
     assert paths["a SimpleNamespace quant state"] == [[0, 1], [0, 1], True]
     assert paths["a table copied in CUDA-graph capture"] == [[0, 1], [0, 1], False]  # no plan: each call validated
     for case in ("NF4_FAST_LAUNCH=0", "torch.compile", "a launch enter hook", "a launch exit hook", "debug mode",
-                 "a pre-run hook", "the kernel's own debug flag", "a compile hook"):
+                 "a pre-run hook", "the kernel's own debug flag", "a compile hook", "a post-compile hook"):
         assert paths[case] == [[1, 0], [1, 0]], case
     assert paths["CONFIG_OVERRIDE set"] == [[1, 0], [0, 1]]  # another configuration: another kind, then its plan
     assert paths["LAUNCH_CONFIGS changed"] == [[1, 0], [0, 1]]  # (so is a LAUNCH_CONFIGS entry changed in place)
@@ -60,7 +60,7 @@ def test_every_per_launch_state_of_this_triton_sends_calls_to_tritons_launch(rep
     # set after a plan exists: Triton's launch, with Triton's arguments (its hooks called); cleared: the plan
     states = report["triton_state"]
     names = {"a launch enter hook", "a launch exit hook", "debug mode", "a pre-run hook", "the kernel's own debug flag",
-             "a compile hook",
+             "a compile hook", "a post-compile hook",
              "a launch enter hook that reads as False", "a launch exit hook that reads as False"}
     version = tuple(int(part) for part in report["triton"].split(".")[:2])
     if version >= (3, 6):

@@ -183,15 +183,14 @@ def test_bitsandbytes_table_is_kept_once_per_device_and_quant_type(kernel):
 
 @pytest.mark.gpu  # (the interpreter makes no plans)
 def test_a_plan_holds_no_tensor_but_its_table_and_the_plans_kept_are_bounded(kernel, monkeypatch):
-    # a plan holds addresses read off W and its quant state, and of tensors only the table it reads, the one
-    # _TABLES keeps (nothing more stays on the GPU through it); at most PLANS_KEPT are kept, the first kept dropped
-    # first, and a dropped weight plans again on its next call
+    # a plan holds addresses read off W and its quant state, and of tensors only the table it reads (through
+    # new_output, its allocator), the one _TABLES keeps (nothing more stays on the GPU through it); at most
+    # PLANS_KEPT are kept, the first kept dropped first, and a dropped weight plans again on its next call
     layers = [_layer(shape=(32, 64), seed=26 + i) for i in range(5)]
     kernel.triton_dequantize_nf4(layers[0])
     plan = _plan(kernel, layers[0].weight, layers[0].weight.quant_state)
-    tensors = [value for value in plan if isinstance(value, torch.Tensor)]
-    assert plan is not None and len(tensors) == 1 and tensors[0] is plan.table
-    assert any(table is plan.table for table in kernel._TABLES.values())
+    assert plan is not None and not [value for value in plan if isinstance(value, torch.Tensor)]
+    assert any(table is plan.new_output.func.__self__ for table in kernel._TABLES.values())
     monkeypatch.setattr(kernel, "PLANS_KEPT", 3)
     kernel._plans.clear()
     for layer in layers:
@@ -776,3 +775,19 @@ def test_a_first_call_while_torchs_constructors_make_meta_tensors_and_the_calls_
     outs += [kernel.dequantize_nf4(W, qs) for _ in range(2)]
     for call, out in enumerate(outs):
         assert_same_bits(out, expected, f"call {call} (the first under the patch)")
+
+
+@pytest.mark.parametrize("wrapper", ["peft LoRA", "torch.compile"])
+def test_a_layer_whose_weight_is_a_property_gives_its_weights_bits(kernel, wrapper):
+    # peft's LoRA layer (what QLoRA code holds) and torch.compile's module have no weight parameter of their own:
+    # layer.weight reaches the Linear4bit's, and so must triton_dequantize_nf4 (it read the parameters: KeyError)
+    layer = _layer(shape=(64, 128), seed=47)
+    if wrapper == "peft LoRA":
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(torch.nn.Sequential(layer), LoraConfig(r=4, target_modules=["0"]))
+        wrapped = model.base_model.model[0]
+    else:
+        wrapped = torch.compile(layer)
+    assert "weight" not in wrapped._parameters and wrapped.weight is layer.weight
+    for _ in range(2):
+        _assert_bnb(kernel.triton_dequantize_nf4(wrapped), layer.weight, layer.weight.quant_state)

@@ -206,6 +206,18 @@ def test_triton_interpret_is_read_as_triton_reads_it(tmp_path):
     assert report["interpreted"] and all(v for k, v in report.items() if "x" in k), report
 
 
+@pytest.mark.gpu
+def test_interpreted_beside_a_gpu_the_gpus_weights_get_bitsandbytes_bits(tmp_path):
+    # TRITON_INTERPRET=1 on a machine with a GPU (debugging a kernel): the interpreter runs the kernel on the CPU,
+    # on copies of the GPU's tensors, so the interpreter's arithmetic holds whatever the GPU: no inline PTX (which
+    # it cannot run), bf16 rounded by hand (its cast truncates)
+    pasted = tmp_path / "pasted.py"
+    pasted.write_text(_paste_unit() + "\n" + EXACT_CHECK + "print(json.dumps(results))\n")
+    report = _run(pasted, tmp_path, TRITON_INTERPRET="1")
+    assert report["interpreted"] and report["plans"] == 0
+    assert all(v for k, v in report.items() if "x" in k), report
+
+
 def test_the_cells_work_imported_as_a_module(tmp_path):
     # the paste unit saved as nf4.py and imported, model_patch.py beside it and handed nf4's public
     # dequantize_nf4: the launch path lives in the module whose dequantize_nf4 uses it

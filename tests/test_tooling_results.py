@@ -96,7 +96,8 @@ def test_the_block_opens_with_the_speedup_then_the_t4_then_the_run_and_tabulates
     assert "A T4 owner's Run all replaces this line" in bullets[0] and "forecast" not in text
     run = next(line for line in bullets if line.startswith("- The run: "))
     assert run.startswith("- The run: today (driver 1, torch 2, triton 3, bitsandbytes 4, unsloth 5), by kernel cells")
-    assert run.endswith("; the notebook's score card gives 14 / 14 of the puzzle's marks.")
+    assert run.endswith("; the notebook's score card gives 14 / 14 of the puzzle's marks, its speed marks for this "
+                        "GPU's speedup.")
     rows = [line for line in text.splitlines() if line.startswith("| ")]
     assert rows[0].startswith("| the procedure, ") and "| ours is N x faster than it (its time / ours), " in rows[0]
     assert rows[1] == f"| ours | {procedure['ours']['median_s']:.3f} |  |"
@@ -119,6 +120,19 @@ def test_the_block_opens_with_the_speedup_then_the_t4_then_the_run_and_tabulates
             f"{min(ceiling):.0%} to {max(ceiling):.0%} of the speed of a copy kernel") in text
     assert "|" not in summary and summary.splitlines()[0] == text.splitlines()[0]  # the notebook's: no table
     assert all(line in text for line in summary.splitlines())
+
+
+@pytest.mark.parametrize("emulated, points", [(1.0992, 1), (1.10, 3), (0.98, -3)])
+def test_the_t4_line_gives_the_speed_marks_of_the_emulations_speedup(tmp_path, emulated, points):
+    # the puzzle times a T4: the speed marks its one estimate would earn, the ratio at 3 places (1.0992x, under
+    # 1.10, earns +1, though it reads 1.10x at 2)
+    path = Path(_results_dir(tmp_path)) / "notebook.json"
+    results = json.loads(path.read_text())
+    results["t4_emulation"] = dict(EMULATED, ratios={"unsloth_fused": emulated})
+    path.write_text(json.dumps(results))
+    t4 = headline.block(str(tmp_path), "readme").splitlines()[2]
+    assert f"As the puzzle's speedup (it times a T4), {emulated:.3f}x would earn {points:+d} of the speed marks' " \
+           "-3 to +5. A T4 owner's Run all" in t4, t4
 
 
 def test_without_unsloth_the_speedup_is_over_bitsandbytes_never_ours_through_triton(tmp_path):
