@@ -1,6 +1,6 @@
 """Use the notebook's NF4 kernel in a model: bitsandbytes' 4-bit layers dequantize through it.
 
-Not part of the puzzle's paste unit: an extra for people who want the kernel inside a real model
+Not one of the kernel cells the puzzle asks for: an extra for people who want the kernel inside a model
 (QLoRA training, prefill). In a notebook, paste the kernel cells (the cells tagged `kernel`, which
 define `dequantize_nf4`), put this file next to the notebook, and hand the patch the kernel's
 function:

@@ -405,9 +405,7 @@ PICK_METHOD = (
 def config_measured_here(capability: tuple, gpu_name: str, launch_configs: dict) -> bool:
     """Whether launch_configs (the paste unit's LAUNCH_CONFIGS) holds an entry for `capability` that was measured on
     this GPU model (CONFIG_MEASURED_ON). DEFAULT_CONFIG, where no entry is, was measured on no GPU in particular."""
-    if capability not in launch_configs:
-        return False
-    return gpu_name in CONFIG_MEASURED_ON.get(capability, ())
+    return capability in launch_configs and gpu_name in CONFIG_MEASURED_ON.get(capability, ())
 
 
 def table_entry(cells: dict, capability: tuple) -> tuple:

@@ -64,7 +64,8 @@ def where_and_when(results: dict, source: str) -> str:
             f"bitsandbytes {env['bitsandbytes']}, unsloth {env['unsloth']}), {measured_by(env)}: "
             f"`{source}/notebook.json`")
     if score:
-        line += f"; the notebook's score card gives {score['total']} / {score['max']} of the puzzle's marks"
+        line += (f"; the notebook's score card gives {score['total']} / {score['max']} of the puzzle's marks, its "
+                 "speed marks for this GPU's speedup")
     return line + "."
 
 
@@ -95,11 +96,12 @@ def t4_line(results: dict) -> list[str]:
         return []
     low, high = emulated["ratio_range"]["unsloth_fused"]
     t4_bytes = report.floor_arithmetic(helpers.procedure_bytes(), timing.T4_COPY_GBS, 2)
-    return [f"- **On a T4: not measured here.** Emulated on this GPU, ours is {emulated['ratios']['unsloth_fused']:.2f}"
-            f"x faster than unsloth's fused path ({low:.2f}–{high:.2f}x over {emulated['rounds']} rounds), assuming "
-            f"{timing.EMULATION_ASSUMES}. At a T4's copy "
-            f"bandwidth the procedure's bytes alone take {t4_bytes}. A T4 owner's Run all replaces this line with a "
-            "measurement."]
+    ratio = emulated["ratios"]["unsloth_fused"]
+    return [f"- **On a T4: not measured here.** Emulated on this GPU, ours is {ratio:.2f}x faster than unsloth's "
+            f"fused path ({low:.2f}–{high:.2f}x over {emulated['rounds']} rounds), assuming {timing.EMULATION_ASSUMES}."
+            f" At a T4's copy bandwidth the procedure's bytes alone take {t4_bytes}. As the puzzle's speedup (it "
+            f"times a T4), {ratio:.3f}x would earn {report.speedup_points(ratio):+d} of the speed marks' -3 to +5. "
+            "A T4 owner's Run all replaces this line with a measurement."]
 
 
 def bullets(results: dict) -> list[str]:
