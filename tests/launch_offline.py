@@ -308,11 +308,12 @@ def triton_states(kernel):
                                              lambda: setattr(compilation, "instrumentation_mode", ""))
     states["a pre-run hook"] = (lambda: jit.pre_run_hooks.append(_hook), lambda: jit.pre_run_hooks.remove(_hook))
     compile_hook = (owner, "jit_cache_hook") if hasattr(owner, "jit_cache_hook") else (type(jit), "cache_hook")
-    states["a compile hook"] = (lambda: setattr(*compile_hook, _hook), lambda: setattr(*compile_hook, None))
     post_compile_hook = ((owner, "jit_post_compile_hook") if hasattr(owner, "jit_post_compile_hook")
-                         else (type(jit), "compiled_hook"))
-    states["a post-compile hook"] = (lambda: setattr(*post_compile_hook, _hook),
-                                     lambda: setattr(*post_compile_hook, None))
+                         else (type(jit), "compiled_hook"))  # (3.2, 3.3: JITFunction's)
+    for label, where in (("a compile hook", compile_hook), ("a post-compile hook", post_compile_hook)):
+        states[label] = (lambda w=where: setattr(*w, _hook), lambda w=where: setattr(*w, None))
+        states[f"{label} that reads as False"] = (lambda w=where: setattr(*w, FalsyHook()),
+                                                  lambda w=where: setattr(*w, None))
     states["the kernel's own debug flag"] = (lambda: setattr(jit, "debug", True), lambda: setattr(jit, "debug", None))
     return states
 

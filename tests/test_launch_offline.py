@@ -60,7 +60,8 @@ def test_every_per_launch_state_of_this_triton_sends_calls_to_tritons_launch(rep
     # set after a plan exists: Triton's launch, with Triton's arguments (its hooks called); cleared: the plan
     states = report["triton_state"]
     names = {"a launch enter hook", "a launch exit hook", "debug mode", "a pre-run hook", "the kernel's own debug flag",
-             "a compile hook", "a post-compile hook",
+             "a compile hook", "a post-compile hook", "a compile hook that reads as False",
+             "a post-compile hook that reads as False",
              "a launch enter hook that reads as False", "a launch exit hook that reads as False"}
     version = tuple(int(part) for part in report["triton"].split(".")[:2])
     if version >= (3, 6):

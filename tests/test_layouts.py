@@ -1,4 +1,5 @@
 """Every 4-bit layout bitsandbytes makes, drawn at random (seeded, bounded): exact, torch.equal."""
+import itertools
 import random
 
 import pytest
@@ -81,10 +82,11 @@ def test_the_bounds_just_under_2_31_weights_do_not_wrap(kernel):
         assert torch.equal(out, expected), f"n = 2**31 - {2**31 - n}: {int((out != expected).sum())} values differ"
 
 
-def test_the_launch_takes_int64_offsets_from_2_31_weights_and_no_fma_without_ptx(kernel):
-    # two exactness rules of launch_arguments, read without a launch (a meta output holds no data): offsets are
-    # int64 where the last tile reaches 2**31 weights, and without inline PTX (the interpreter, a config
-    # without it) Triton may not contract the scale's product and sum into an FMA
+def test_the_launch_takes_int64_offsets_from_2_31_weights_and_no_fma_without_ptx(kernel, monkeypatch):
+    # exactness rules of launch_arguments, read without a launch (a meta output holds no data): offsets are
+    # int64 where the last tile reaches 2**31 weights; without inline PTX (the interpreter, a config without it)
+    # Triton may not contract the scale's product and sum into an FMA; interpreted, whatever the GPU (its tensors
+    # run on the CPU then), no inline PTX, which the interpreter cannot run, and bf16 rounded by hand
     layer = helpers.make_layer(64, 256, torch.bfloat16, device=DEVICE)
     layout = kernel.validate(layer.weight, layer.weight.quant_state)
     config = kernel.DEFAULT_CONFIG
@@ -94,8 +96,9 @@ def test_the_launch_takes_int64_offsets_from_2_31_weights_and_no_fma_without_ptx
         constexprs = kernel.launch_arguments(layout, out, config, (9, 0))[2]
         assert constexprs["WIDE"] is wide, n
     out = torch.empty(layout.shape, dtype=layout.dtype, device="meta")
-    for chosen, capability in ((config, (9, 0)), (config._replace(ptx=False), (9, 0)), (config, None)):
-        _, _, constexprs, options = kernel.launch_arguments(layout, out, chosen, capability)
-        ptx = chosen.ptx and capability is not None
-        assert constexprs["PTX"] is ptx
-        assert options.get("enable_fp_fusion", True) is ptx, (chosen, capability)
+    for chosen, interpreted in itertools.product((config, config._replace(ptx=False)), (False, True)):
+        monkeypatch.setattr(kernel, "INTERPRETED", interpreted)
+        _, _, constexprs, options = kernel.launch_arguments(layout, out, chosen, (9, 0))
+        ptx = chosen.ptx and not interpreted
+        assert constexprs["PTX"] is ptx and constexprs["BF16_RNE"] is interpreted, (chosen, interpreted)
+        assert options.get("enable_fp_fusion", True) is ptx, (chosen, interpreted)
