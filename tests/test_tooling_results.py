@@ -267,10 +267,12 @@ def test_every_number_the_readme_results_prose_states_is_a_result_files():
 
 
 def test_a_number_of_the_prose_is_held_to_the_folder_it_names_never_the_headlines():
-    # the fused path's host time per call on the H100, stated as the README states numbers: in that folder's files,
-    # not in the H200's
+    # a host time per call of the H100's, stated as the README states numbers: in that folder's files, not in the
+    # H200's (the first of the H100's that no H200 file gives at one decimal: a new H200 run may give any)
     h100 = json.loads((ROOT / "results" / "nvidia-h100-80gb-hbm3" / "notebook.json").read_text())
-    host = f"{h100['cpu_cost']['unsloth_fused_us']:.1f} µs"
+    h200 = _folder_values(ROOT / "results" / "nvidia-h200")
+    times = [value for name, value in h100["cpu_cost"].items() if name.endswith("_us")]
+    host = next(f"{t:.1f} µs" for t in times if all(round(value, 1) != round(t, 1) for value in h200))
     in_its_sentence = f"On the H100 (`results/nvidia-h100-80gb-hbm3/`) ours costs {host}."
     in_its_paragraph = f"On the H100 (`results/nvidia-h100-80gb-hbm3/`): a call.\nIt costs ours {host}."
     assert _numbers_no_named_folder_gives(in_its_sentence) == []
