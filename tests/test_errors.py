@@ -88,10 +88,6 @@ BROKEN_STATES = {
                             r"quant_state\.offset must be a tensor, got float"),
     "offset of two values": (lambda qs: setattr(qs, "offset", torch.zeros(2, device=qs.absmax.device)), ValueError,
                              r"quant_state\.offset holds 2 values, not 1"),
-    # bitsandbytes adds the offset to the decoded absmax in place (`absmax += offset`): one value in more dimensions
-    # than absmax's cannot broadcast into it, and bitsandbytes raises (test_an_offset_bitsandbytes_cannot_add...)
-    "offset of more dimensions than absmax": (lambda qs: setattr(qs, "offset", qs.offset.reshape(1, 1)), ValueError,
-                                              r"quant_state\.offset has more dimensions than absmax"),
     # bitsandbytes makes an fp32 offset (absmax.mean() of an fp32 absmax); another dtype is refused, not converted
     "offset fp64": (lambda qs: setattr(qs, "offset", qs.offset.double()), TypeError,
                     r"quant_state\.offset must be torch\.float32, got torch\.float64"),
