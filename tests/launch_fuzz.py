@@ -31,8 +31,9 @@ shrunk or freed, freed and another allocated in its place); put everything back;
 clear a launch hook (a function, or one that reads as False), Triton's debug mode, an instrumentation mode, a
 stages inspection hook (3.7+), a pre-run hook and the kernel's own debug flag, and require each call made while one
 is set to go through Triton's launch; set CONFIG_OVERRIDE, change a LAUNCH_CONFIGS entry in place, keep at most one
-or two plans; run the wrapper cell again, as it is or with BLOCKSIZES edited (CONFIG_OVERRIDE set again, the same
-object, or not); drop the kept tables (freed unless a plan holds one); make a first call under torch's default dtype bfloat16;
+or two plans; run the wrapper cell again, as it is or with its blocksize check edited (CONFIG_OVERRIDE set again, the same
+object, or not); assign BLOCKSIZES from another cell (without 4096, as a list, 4096 removed from that list in
+place); drop the kept tables (freed unless a plan holds one); make a first call under torch's default dtype bfloat16;
 set a state2.blocksize of 4, 8 or 16 with a state2.absmax to match; give the offset more dimensions than absmax;
 call (a weight's first or not) while torch.empty or torch.empty_strided makes meta tensors, as accelerate's
 init_empty_weights made it; call under a FakeTensorMode, a FlopCounterMode and make_fx (whose graph must hold the kernel); make two threads' first calls race for a table; on a GPU, capture a call in a CUDA graph (a process's first or not), replay it or not
@@ -80,8 +81,10 @@ NAMED = "dequantize_nf4: "
 WRAPPER_CELL = kernel_cell_sources(NOTEBOOK)[1]  # (the kernel, the wrapper, the launch path)
 assert WRAPPER_CELL.startswith("# @title The wrapper"), WRAPPER_CELL[:80]
 WRAPPER_CELL_CODE = compile(WRAPPER_CELL, "the wrapper cell, run again", "exec")
-assert WRAPPER_CELL.count("2048, 4096)") == 1, "BLOCKSIZES moved"
-WRAPPER_CELL_WITHOUT_4096 = compile(WRAPPER_CELL.replace("2048, 4096)", "2048)"), "the wrapper cell, edited", "exec")
+BLOCKSIZE_CHECK = "or blocksize not in BLOCKSIZES:"  # edited to refuse 4096, BLOCKSIZES as it is
+assert WRAPPER_CELL.count(BLOCKSIZE_CHECK) == 1, "the blocksize check moved"
+WRAPPER_CELL_WITHOUT_4096 = compile(WRAPPER_CELL.replace(BLOCKSIZE_CHECK, "or blocksize not in BLOCKSIZES[:-1]:"),
+                                    "the wrapper cell, edited", "exec")
 ROWS, COLUMNS = (1, 2, 3, 16, 33), (64, 96, 130, 256, 520)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCKSIZES = (64, 256, 4096)
@@ -620,7 +623,7 @@ def make_machine(backend):
     triton_launches = _Counted(jit.run)
     jit.run = triton_launches  # (counted: kernel[grid](...) calls the JITFunction's run)
     capability = (7, 5) if BACKEND == "stand-in" else torch.cuda.get_device_capability(0)
-    launch_configs, plans_kept = dict(kernel.LAUNCH_CONFIGS), kernel.PLANS_KEPT
+    launch_configs, plans_kept, blocksizes = dict(kernel.LAUNCH_CONFIGS), kernel.PLANS_KEPT, kernel.BLOCKSIZES
     knobs = getattr(triton, "knobs", None)
     runtime = getattr(knobs, "runtime", None)
     tensor_changes = _tensor_changes(backend)
@@ -643,6 +646,7 @@ def make_machine(backend):
                 self._clear(state)
             if self.wrapper_edited:
                 self._run_the_wrapper_cell(WRAPPER_CELL_CODE)
+            kernel.BLOCKSIZES = blocksizes
             kernel.CONFIG_OVERRIDE = None
             kernel.LAUNCH_CONFIGS.clear()
             kernel.LAUNCH_CONFIGS.update(launch_configs)
@@ -1116,7 +1120,7 @@ def make_machine(backend):
 
         @rule(override_again=st.booleans(), blocksizes=st.sampled_from(["as they were", "without 4096"]))
         def run_the_wrapper_cell_again(self, override_again, blocksizes):
-            # as a notebook's user does: the wrapper's globals anew (or with BLOCKSIZES edited), then (or not) their
+            # as a notebook's user does: the wrapper's globals anew (or its blocksize check edited), then (or not) their
             # own CONFIG_OVERRIDE set again, the same object: a plan made by the cell before must not answer a
             # weight its checks now refuse (an edited cell; with 4096 dropped, CONFIG_OVERRIDE is always set again)
             edited = blocksizes == "without 4096"
@@ -1127,6 +1131,20 @@ def make_machine(backend):
             self.wrapper_edited = edited
             if override_again or edited:
                 kernel.CONFIG_OVERRIDE = held
+            self._observe()
+
+        @rule(assigned=st.sampled_from(["as they were", "without 4096", "as a list", "4096 removed in place"]))
+        def assign_blocksizes(self, assigned):
+            # as a notebook's user does from another cell, the wrapper cell not run again: validation reads the
+            # new value, and a plan made before must not answer a weight it now refuses (a list changed in place)
+            if assigned == "as they were":
+                kernel.BLOCKSIZES = blocksizes
+            elif assigned == "without 4096":
+                kernel.BLOCKSIZES = tuple(size for size in blocksizes if size != 4096)
+            elif assigned == "as a list":
+                kernel.BLOCKSIZES = list(blocksizes)
+            elif isinstance(kernel.BLOCKSIZES, list) and 4096 in kernel.BLOCKSIZES:  # removed in place
+                kernel.BLOCKSIZES.remove(4096)
             self._observe()
 
         def _run_the_wrapper_cell(self, code):

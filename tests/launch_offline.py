@@ -371,7 +371,8 @@ def key_changes(kernel):
     """What changes a weight's key: each field (QUANT_STATE_FIELDS, STATE2_FIELDS) set to another value, each
     tensor's storage swapped (`t.data = ...`) or reinterpreted at its address (another dtype or shape, fewer values,
     stride 0, a lazily negated view, a storage of another extent, its address now another GPU's), W changed in place or
-    conjugated. The names whose change left the key as it was (each must change it, or make it unreadable)."""
+    conjugated, a constant validation reads assigned (or, a list, changed in place). The names whose change left the
+    key as it was (each must change it, or make it unreadable)."""
     W, q = weight(shape=(32, 128), seed=90)
     before = kernel.key_of(W, q)[0]
     unseen = []
@@ -431,6 +432,20 @@ def key_changes(kernel):
             if keys[label] == keys["long"]:
                 unseen.append(f"{name}.data at its address on a storage {label}")
     seen("W.t_()", W.t_, W.t_)
+    for constant, other in (("BLOCKSIZES", (64,)), ("MIN_CAPABILITY", (10, 0))):  # what validation reads, assigned
+        held = getattr(kernel, constant)
+        seen(f"{constant} assigned", lambda: setattr(kernel, constant, other), lambda: setattr(kernel, constant, held))
+    held = kernel.BLOCKSIZES
+    kernel.BLOCKSIZES = list(held)
+    listed = kernel.key_of(W, q)[0]
+    try:
+        hash(listed)
+    except TypeError:
+        unseen.append("BLOCKSIZES a list (a key no dict can hold)")
+    kernel.BLOCKSIZES.remove(4096)
+    if kernel.key_of(W, q)[0] == listed:
+        unseen.append("BLOCKSIZES a list changed in place")
+    kernel.BLOCKSIZES = held
     complex_W = W.data.reshape(-1).view(torch.complex64)  # (W's bytes; a conjugate is a lazy view of them)
     if kernel.key_of(complex_W, q)[0] == kernel.key_of(complex_W.conj(), q)[0]:
         unseen.append("W's bytes as complex, conjugated")

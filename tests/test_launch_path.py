@@ -217,6 +217,24 @@ def test_the_fast_launch_answers_later_calls_and_can_be_left_out(kernel, monkeyp
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("constant, value, error", [("MIN_CAPABILITY", (99, 0), "has compute capability"),
+                                                    ("BLOCKSIZES", (32,), "blocksize 64 is not one of")])
+def test_a_constant_validation_reads_assigned_after_a_plan_refuses_the_next_call(kernel, monkeypatch, constant,
+                                                                               value, error):
+    # from another cell, the wrapper cell not run again: validation reads the new value, so must the plan's key
+    layer = _layer(seed=23)
+    W, qs = layer.weight, layer.weight.quant_state
+    for _ in range(2):
+        kernel.triton_dequantize_nf4(layer)
+    assert _plan(kernel, W, qs) is not None, "no plan to answer the next call"
+    monkeypatch.setattr(kernel, constant, value)
+    with pytest.raises((RuntimeError, ValueError), match=error):
+        kernel.triton_dequantize_nf4(layer)
+    monkeypatch.undo()
+    _assert_bnb(kernel.triton_dequantize_nf4(layer), W, qs)
+
+
+@pytest.mark.gpu
 def test_a_new_weight_of_a_known_kernel_gets_its_plan_on_its_first_call(kernel):
     # a kind's compiled kernel, from Triton's launch of its first weight, launches every later weight of
     # the kind directly from that weight's first call: a model's later layers are fast from their first call
