@@ -33,7 +33,7 @@ stages inspection hook (3.7+), a pre-run hook and the kernel's own debug flag, a
 is set to go through Triton's launch; set CONFIG_OVERRIDE, change a LAUNCH_CONFIGS entry in place, keep at most one
 or two plans; run the wrapper cell again, as it is or with its blocksize check edited (CONFIG_OVERRIDE set again, the same
 object, or not); assign BLOCKSIZES from another cell (without 4096, as a list, 4096 removed from that list in
-place); drop the kept tables (freed unless a plan holds one); make a first call under torch's default dtype bfloat16;
+place, holding a list); drop the kept tables (freed unless a plan holds one); make a first call under torch's default dtype bfloat16;
 set a state2.blocksize of 4, 8 or 16 with a state2.absmax to match; give the offset more dimensions than absmax;
 call (a weight's first or not) while torch.empty or torch.empty_strided makes meta tensors, as accelerate's
 init_empty_weights made it; call under a FakeTensorMode, a FlopCounterMode and make_fx (whose graph must hold the kernel); make two threads' first calls race for a table; on a GPU, capture a call in a CUDA graph (a process's first or not), replay it or not
@@ -1133,16 +1133,20 @@ def make_machine(backend):
                 kernel.CONFIG_OVERRIDE = held
             self._observe()
 
-        @rule(assigned=st.sampled_from(["as they were", "without 4096", "as a list", "4096 removed in place"]))
+        @rule(assigned=st.sampled_from(["as they were", "without 4096", "as a list", "4096 removed in place",
+                                        "holding a list"]))
         def assign_blocksizes(self, assigned):
             # as a notebook's user does from another cell, the wrapper cell not run again: validation reads the
-            # new value, and a plan made before must not answer a weight it now refuses (a list changed in place)
+            # new value, and a plan made before must not answer a weight it now refuses (a list changed in place),
+            # nor fail where validation takes it (a list in it: no key a dict can hold)
             if assigned == "as they were":
                 kernel.BLOCKSIZES = blocksizes
             elif assigned == "without 4096":
                 kernel.BLOCKSIZES = tuple(size for size in blocksizes if size != 4096)
             elif assigned == "as a list":
                 kernel.BLOCKSIZES = list(blocksizes)
+            elif assigned == "holding a list":
+                kernel.BLOCKSIZES = (*blocksizes, [8192])
             elif isinstance(kernel.BLOCKSIZES, list) and 4096 in kernel.BLOCKSIZES:  # removed in place
                 kernel.BLOCKSIZES.remove(4096)
             self._observe()

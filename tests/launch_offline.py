@@ -2,15 +2,16 @@
 stand-in GPUs of capability 7.5). Each call's launches are compared with Triton's own launch of the freshly
 validated state (the stand-in records every C launch: the GPU current, the stream, every address and value).
 
-Reported, as one JSON line: for a nested and a plain layout, the launches of a new kind's first call, of its
-plan, of W.t() and of another weight of the kind, each against Triton's; each case the launch path's header
-names, as (Triton's launches, direct launches) per call; Triton's per-launch state this Triton has (launch
-hooks, debug mode, instrumentation mode, pre-run hooks), set after a plan exists and cleared; a weight on the
-GPU that is not current, first call and plan, with the GPU current and the stream each launch had; what changes
-the key (each field, a storage swapped, W changed in place); weights Triton specializes apart (the key must
-tell apart every pair Triton compiles apart); quant states that are not a QuantState; a launch that raises; the
-compiled kernel a kind keeps alive; two threads' first calls of one kind at once; two threads keeping plans at
-once at the bound; benchmarks/t4_code.py's sm_75 launches. Own process."""
+Reported, as one JSON line: for a nested and a plain layout, the launches of a new kind's first call, of its plan,
+of W.t() and of another weight of the kind, each against Triton's; each case the launch path's header names, as
+(Triton's launches, direct launches) per call; Triton's per-launch state this Triton has (launch hooks, debug mode,
+instrumentation mode, pre-run hooks), set after a plan exists and cleared; validation's constants assigned after a
+plan exists; a weight on the GPU that is not current, first call and plan, with the GPU current and the stream each
+launch had; what changes the key (each field, a storage swapped, W changed in place); weights Triton specializes
+apart (the key must tell apart every pair Triton compiles apart); quant states that are not a QuantState; a launch
+that raises; the compiled kernel a kind keeps alive; two threads' first calls of one kind at once; two threads
+keeping plans at once at the bound; benchmarks/t4_code.py's sm_75 launches; the wrapper cell run again with its
+blocksize check edited, then BLOCKSIZES assigned. Own process."""
 import collections
 import copy
 import gc
@@ -31,7 +32,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import bitsandbytes.functional as bnbf  # noqa: E402
 
-from benchmarks.cells import NOTEBOOK, PASTE_UNIT, load_kernel_cells  # noqa: E402
+from benchmarks.cells import NOTEBOOK, PASTE_UNIT, kernel_cell_sources, load_kernel_cells  # noqa: E402
 from reference import changed_value  # noqa: E402
 
 CAPABILITY = (7, 5)
@@ -337,6 +338,75 @@ def triton_state_after_a_plan(kernel):
     return report
 
 
+def constants_after_a_plan(kernel):
+    """Validation's constants assigned from another cell once a weight's plan exists (the wrapper cell not run
+    again), each then called twice: its outcome per call, "refused: <error>" or [whether it read the state for
+    validation, whether its launches match Triton's own launch], and the plans kept after. The stand-in's
+    device_capability answers 7.5 whatever MIN_CAPABILITY holds: where that no longer takes 7.5, validation, not
+    the plan, must answer."""
+    W, q = weight(shape=(8, 128), dtype=torch.float16, seed=72)
+    kernel.dequantize_nf4(W, q)
+    reads = []
+    read_state = kernel.read_state
+
+    def counted_read_state(*args):
+        reads.append(args)
+        return read_state(*args)
+    kernel.read_state = counted_read_state
+    held = {"BLOCKSIZES": kernel.BLOCKSIZES, "MIN_CAPABILITY": kernel.MIN_CAPABILITY}
+    values = {"BLOCKSIZES without the blocksize": ("BLOCKSIZES", (32, 128)),
+              "BLOCKSIZES holding a list": ("BLOCKSIZES", (*held["BLOCKSIZES"], [8192])),
+              "BLOCKSIZES a tensor": ("BLOCKSIZES", torch.tensor(held["BLOCKSIZES"])),
+              "MIN_CAPABILITY above 7.5": ("MIN_CAPABILITY", (8, 0)),
+              "MIN_CAPABILITY a list": ("MIN_CAPABILITY", [7, 0])}
+    report = {}
+    for name, (constant, value) in values.items():
+        setattr(kernel, constant, value)
+        outcomes = []
+        try:
+            for _ in range(2):
+                reads.clear()
+                try:
+                    mine = recorded(kernel, W, q)[0]
+                    outcomes.append([len(reads) > 0, mine == triton_record(kernel, W, q)])
+                except (ValueError, TypeError, RuntimeError) as error:
+                    outcomes.append(f"refused: {error}")
+        finally:
+            setattr(kernel, constant, held[constant])
+        report[name] = {"calls": outcomes, "plans": len(kernel._plans)}
+    kernel.read_state = read_state
+    return report
+
+
+def an_edited_check_then_blocksizes_assigned(kernel):
+    """The GPU fuzzer's find against a key holding BLOCKSIZES' verdict on the blocksize (not BLOCKSIZES): the wrapper
+    cell run again with its blocksize check edited to read BLOCKSIZES[:-1], BLOCKSIZES assigned holding a list (the
+    edited check then takes 4096), a weight of blocksize 4096 called twice, then BLOCKSIZES assigned as it was and
+    the weight called again: each call's outcome, "returned" or "refused: <error>". The wrapper cell, as it is, runs
+    again after (every plan made before is then stale)."""
+    wrapper = kernel_cell_sources(Path(os.environ.get("NF4_NOTEBOOK", NOTEBOOK)))[1]
+    check = "or blocksize not in BLOCKSIZES:"
+    held = kernel.BLOCKSIZES
+    torch.manual_seed(73)
+    W, q = bnbf.quantize_4bit(torch.randn(8, 512), blocksize=4096, quant_type="nf4", compress_statistics=False)
+    outcomes = []
+    try:
+        exec(wrapper.replace(check, "or blocksize not in BLOCKSIZES[:-1]:"), vars(kernel))
+        kernel.device_capability = lambda device: CAPABILITY
+        for assigned in ((*held, [8192]), (*held, [8192]), held):
+            kernel.BLOCKSIZES = assigned
+            try:
+                kernel.dequantize_nf4(W, q)
+                outcomes.append("returned")
+            except ValueError as error:
+                outcomes.append(f"refused: {error}")
+    finally:
+        kernel.BLOCKSIZES = held
+        exec(wrapper, vars(kernel))
+        kernel.device_capability = lambda device: CAPABILITY
+    return outcomes
+
+
 def another_gpu(kernel):
     """A weight on one stand-in GPU called while the other is current (a model split over two GPUs): its first
     call and its plan launch with its GPU current and that GPU's stream (Triton's arguments), the current GPU as
@@ -371,8 +441,8 @@ def key_changes(kernel):
     """What changes a weight's key: each field (QUANT_STATE_FIELDS, STATE2_FIELDS) set to another value, each
     tensor's storage swapped (`t.data = ...`) or reinterpreted at its address (another dtype or shape, fewer values,
     stride 0, a lazily negated view, a storage of another extent, its address now another GPU's), W changed in place or
-    conjugated, a constant validation reads assigned (or, a list, changed in place). The names whose change left the
-    key as it was (each must change it, or make it unreadable)."""
+    conjugated, BLOCKSIZES assigned without the weight's blocksize (or, a list, it removed in place). The names whose
+    change left the key as it was (each must change it, or make it unreadable)."""
     W, q = weight(shape=(32, 128), seed=90)
     before = kernel.key_of(W, q)[0]
     unseen = []
@@ -432,19 +502,12 @@ def key_changes(kernel):
             if keys[label] == keys["long"]:
                 unseen.append(f"{name}.data at its address on a storage {label}")
     seen("W.t_()", W.t_, W.t_)
-    for constant, other in (("BLOCKSIZES", (64,)), ("MIN_CAPABILITY", (10, 0))):  # what validation reads, assigned
-        held = getattr(kernel, constant)
-        seen(f"{constant} assigned", lambda: setattr(kernel, constant, other), lambda: setattr(kernel, constant, held))
-    held = kernel.BLOCKSIZES
+    held = kernel.BLOCKSIZES  # validation reads it: assigned from another cell, or a list changed in place
+    seen("BLOCKSIZES assigned without the blocksize", lambda: setattr(kernel, "BLOCKSIZES", (32, 128)),
+         lambda: setattr(kernel, "BLOCKSIZES", held))
     kernel.BLOCKSIZES = list(held)
-    listed = kernel.key_of(W, q)[0]
-    try:
-        hash(listed)
-    except TypeError:
-        unseen.append("BLOCKSIZES a list (a key no dict can hold)")
-    kernel.BLOCKSIZES.remove(4096)
-    if kernel.key_of(W, q)[0] == listed:
-        unseen.append("BLOCKSIZES a list changed in place")
+    seen("BLOCKSIZES a list, the blocksize removed in place", lambda: kernel.BLOCKSIZES.remove(q.blocksize),
+         lambda: kernel.BLOCKSIZES.append(q.blocksize))
     kernel.BLOCKSIZES = held
     complex_W = W.data.reshape(-1).view(torch.complex64)  # (W's bytes; a conjugate is a lazy view of them)
     if kernel.key_of(complex_W, q)[0] == kernel.key_of(complex_W.conj(), q)[0]:
@@ -696,13 +759,15 @@ def main():
     report = {"triton": triton.__version__,
               "nested": case(kernel, True, torch.bfloat16), "plain": case(kernel, False, torch.float32),
               "paths": paths(kernel), "triton_state": triton_state_after_a_plan(kernel),
+              "constants": constants_after_a_plan(kernel),
               "another_gpu": another_gpu(kernel), "a_tensor_on_the_other_gpu": a_tensor_on_the_other_gpu(kernel),
               "key_changes": key_changes(kernel), "sweep": sweep(kernel),
               "other_quant_states": other_quant_states(kernel), "a_launch_raises": a_launch_raises(kernel),
               "held_transposed": held_transposed(kernel), "compiled_kernel_lifetime": compiled_kernel_lifetime(kernel),
               "two_threads_first_call": two_threads_first_call(kernel),
               "two_threads_keep_at_the_bound": two_threads_keep_at_the_bound(kernel),
-              "t4_code": t4_code_launches(kernel)}
+              "t4_code": t4_code_launches(kernel),
+              "an_edited_check_then_blocksizes_assigned": an_edited_check_then_blocksizes_assigned(kernel)}
     print(json.dumps(report))
 
 

@@ -235,6 +235,24 @@ def test_a_constant_validation_reads_assigned_after_a_plan_refuses_the_next_call
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("constant, value", [("BLOCKSIZES", (32, 64, [8192])), ("BLOCKSIZES", "a tensor"),
+                                             ("BLOCKSIZES", [32, 64]), ("MIN_CAPABILITY", [7, 0])])
+def test_a_constant_validation_still_takes_assigned_after_a_plan_leaves_every_call_exact(kernel, monkeypatch,
+                                                                                         constant, value):
+    # a list, or one holding what is not an int: no key a dict cannot hold, nor one made anew each call
+    layer = _layer(seed=26)
+    W, qs = layer.weight, layer.weight.quant_state
+    for _ in range(2):
+        kernel.triton_dequantize_nf4(layer)
+    assert _plan(kernel, W, qs) is not None, "no plan to answer the next call"
+    monkeypatch.setattr(kernel, constant, torch.tensor(kernel.BLOCKSIZES) if value == "a tensor" else value)
+    plans = len(kernel._plans)
+    for _ in range(3):
+        _assert_bnb(kernel.triton_dequantize_nf4(layer), W, qs)
+    assert len(kernel._plans) <= plans + 1
+
+
+@pytest.mark.gpu
 def test_a_new_weight_of_a_known_kernel_gets_its_plan_on_its_first_call(kernel):
     # a kind's compiled kernel, from Triton's launch of its first weight, launches every later weight of
     # the kind directly from that weight's first call: a model's later layers are fast from their first call
