@@ -51,6 +51,7 @@ import functools
 import gc
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -81,10 +82,12 @@ NAMED = "dequantize_nf4: "
 WRAPPER_CELL = kernel_cell_sources(NOTEBOOK)[1]  # (the kernel, the wrapper, the launch path)
 assert WRAPPER_CELL.startswith("# @title The wrapper"), WRAPPER_CELL[:80]
 WRAPPER_CELL_CODE = compile(WRAPPER_CELL, "the wrapper cell, run again", "exec")
-BLOCKSIZE_CHECK = "or blocksize not in BLOCKSIZES:"  # edited to refuse 4096, BLOCKSIZES as it is
-assert WRAPPER_CELL.count(BLOCKSIZE_CHECK) == 1, "the blocksize check moved"
-WRAPPER_CELL_WITHOUT_4096 = compile(WRAPPER_CELL.replace(BLOCKSIZE_CHECK, "or blocksize not in BLOCKSIZES[:-1]:"),
-                                    "the wrapper cell, edited", "exec")
+# the blocksize check, edited to refuse 4096 (the last blocksize), what it reads as it is
+BLOCKSIZE_CHECK = re.search(r"or blocksize not in (\w+):", WRAPPER_CELL)
+assert BLOCKSIZE_CHECK and WRAPPER_CELL.count(BLOCKSIZE_CHECK[0]) == 1, "the blocksize check moved"
+WITHOUT_4096 = f"or blocksize not in {BLOCKSIZE_CHECK[1]}[:-1]:"
+WRAPPER_CELL_WITHOUT_4096 = compile(WRAPPER_CELL.replace(BLOCKSIZE_CHECK[0], WITHOUT_4096), "the wrapper cell, edited",
+                                    "exec")
 ROWS, COLUMNS = (1, 2, 3, 16, 33), (64, 96, 130, 256, 520)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCKSIZES = (64, 256, 4096)
@@ -1136,9 +1139,9 @@ def make_machine(backend):
         @rule(assigned=st.sampled_from(["as they were", "without 4096", "as a list", "4096 removed in place",
                                         "holding a list"]))
         def assign_blocksizes(self, assigned):
-            # as a notebook's user does from another cell, the wrapper cell not run again: validation reads the
-            # new value, and a plan made before must not answer a weight it now refuses (a list changed in place),
-            # nor fail where validation takes it (a list in it: no key a dict can hold)
+            # as a notebook's user does from another cell, the wrapper cell not run again: validation took its
+            # BLOCKSIZES as the cell ran, so no call's outcome may change, plans' included (a list changed in
+            # place, a list in it)
             if assigned == "as they were":
                 kernel.BLOCKSIZES = blocksizes
             elif assigned == "without 4096":

@@ -10,8 +10,7 @@ plan exists; a weight on the GPU that is not current, first call and plan, with 
 launch had; what changes the key (each field, a storage swapped, W changed in place); weights Triton specializes
 apart (the key must tell apart every pair Triton compiles apart); quant states that are not a QuantState; a launch
 that raises; the compiled kernel a kind keeps alive; two threads' first calls of one kind at once; two threads
-keeping plans at once at the bound; benchmarks/t4_code.py's sm_75 launches; the wrapper cell run again with its
-blocksize check edited, then BLOCKSIZES assigned. Own process."""
+keeping plans at once at the bound; benchmarks/t4_code.py's sm_75 launches. Own process."""
 import collections
 import copy
 import gc
@@ -339,12 +338,12 @@ def triton_state_after_a_plan(kernel):
 
 
 def constants_after_a_plan(kernel):
-    """Validation's constants assigned from another cell once a weight's plan exists (the wrapper cell not run
-    again), each then called twice: its outcome per call, "refused: <error>" or [whether it read the state for
-    validation, whether its launches match Triton's own launch], and the plans kept after. The stand-in's
-    device_capability answers 7.5 whatever MIN_CAPABILITY holds: where that no longer takes 7.5, validation, not
-    the plan, must answer."""
-    W, q = weight(shape=(8, 128), dtype=torch.float16, seed=72)
+    """Validation's constants assigned from another cell once a weight's plan exists, the wrapper cell not run again
+    (validation took them as the cell ran), each then called twice: per call, [whether it read the state to validate
+    it, whether its launches match Triton's own launch of a fresh validation], or "refused: <error>". Then the wrapper
+    cell run again with its BLOCKSIZES literal edited to leave out the weight's blocksize: that call's outcome. The
+    wrapper cell, as it is, runs again after (every plan made before is then stale)."""
+    W, q = weight(shape=(8, 128), dtype=torch.float16, seed=72)  # blocksize 64
     kernel.dequantize_nf4(W, q)
     reads = []
     read_state = kernel.read_state
@@ -352,59 +351,46 @@ def constants_after_a_plan(kernel):
     def counted_read_state(*args):
         reads.append(args)
         return read_state(*args)
-    kernel.read_state = counted_read_state
+
+    def outcome():
+        reads.clear()
+        try:
+            mine = recorded(kernel, W, q)[0]
+            return [len(reads) > 0, mine == triton_record(kernel, W, q)]
+        except (ValueError, TypeError, RuntimeError) as error:
+            return f"refused: {error}"
+
     held = {"BLOCKSIZES": kernel.BLOCKSIZES, "MIN_CAPABILITY": kernel.MIN_CAPABILITY}
     values = {"BLOCKSIZES without the blocksize": ("BLOCKSIZES", (32, 128)),
+              "BLOCKSIZES a list": ("BLOCKSIZES", list(held["BLOCKSIZES"])),
               "BLOCKSIZES holding a list": ("BLOCKSIZES", (*held["BLOCKSIZES"], [8192])),
               "BLOCKSIZES a tensor": ("BLOCKSIZES", torch.tensor(held["BLOCKSIZES"])),
               "MIN_CAPABILITY above 7.5": ("MIN_CAPABILITY", (8, 0)),
-              "MIN_CAPABILITY a list": ("MIN_CAPABILITY", [7, 0])}
+              "MIN_CAPABILITY holding a list": ("MIN_CAPABILITY", (7, [0]))}
     report = {}
-    for name, (constant, value) in values.items():
-        setattr(kernel, constant, value)
-        outcomes = []
-        try:
-            for _ in range(2):
-                reads.clear()
-                try:
-                    mine = recorded(kernel, W, q)[0]
-                    outcomes.append([len(reads) > 0, mine == triton_record(kernel, W, q)])
-                except (ValueError, TypeError, RuntimeError) as error:
-                    outcomes.append(f"refused: {error}")
-        finally:
-            setattr(kernel, constant, held[constant])
-        report[name] = {"calls": outcomes, "plans": len(kernel._plans)}
-    kernel.read_state = read_state
-    return report
-
-
-def an_edited_check_then_blocksizes_assigned(kernel):
-    """The GPU fuzzer's find against a key holding BLOCKSIZES' verdict on the blocksize (not BLOCKSIZES): the wrapper
-    cell run again with its blocksize check edited to read BLOCKSIZES[:-1], BLOCKSIZES assigned holding a list (the
-    edited check then takes 4096), a weight of blocksize 4096 called twice, then BLOCKSIZES assigned as it was and
-    the weight called again: each call's outcome, "returned" or "refused: <error>". The wrapper cell, as it is, runs
-    again after (every plan made before is then stale)."""
-    wrapper = kernel_cell_sources(Path(os.environ.get("NF4_NOTEBOOK", NOTEBOOK)))[1]
-    check = "or blocksize not in BLOCKSIZES:"
-    held = kernel.BLOCKSIZES
-    torch.manual_seed(73)
-    W, q = bnbf.quantize_4bit(torch.randn(8, 512), blocksize=4096, quant_type="nf4", compress_statistics=False)
-    outcomes = []
+    kernel.read_state = counted_read_state
     try:
-        exec(wrapper.replace(check, "or blocksize not in BLOCKSIZES[:-1]:"), vars(kernel))
-        kernel.device_capability = lambda device: CAPABILITY
-        for assigned in ((*held, [8192]), (*held, [8192]), held):
-            kernel.BLOCKSIZES = assigned
-            try:
-                kernel.dequantize_nf4(W, q)
-                outcomes.append("returned")
-            except ValueError as error:
-                outcomes.append(f"refused: {error}")
+        for name, (constant, value) in values.items():
+            setattr(kernel, constant, value)
+            calls = [outcome(), outcome()]
+            if name == "BLOCKSIZES a list":
+                kernel.BLOCKSIZES.remove(64)
+                calls.append(outcome())
+            setattr(kernel, constant, held[constant])
+            report[name] = calls
     finally:
-        kernel.BLOCKSIZES = held
+        kernel.read_state = read_state
+    wrapper = kernel_cell_sources(Path(os.environ.get("NF4_NOTEBOOK", NOTEBOOK)))[1]
+    literal = "BLOCKSIZES = (32, 64, 128,"
+    assert wrapper.count(literal) == 1, "the BLOCKSIZES literal moved"
+    try:
+        exec(wrapper.replace(literal, "BLOCKSIZES = (32, 128,"), vars(kernel))
+        kernel.device_capability = lambda device: CAPABILITY
+        report["the wrapper cell run again, its BLOCKSIZES without the blocksize"] = outcome()
+    finally:
         exec(wrapper, vars(kernel))
         kernel.device_capability = lambda device: CAPABILITY
-    return outcomes
+    return report
 
 
 def another_gpu(kernel):
@@ -441,8 +427,7 @@ def key_changes(kernel):
     """What changes a weight's key: each field (QUANT_STATE_FIELDS, STATE2_FIELDS) set to another value, each
     tensor's storage swapped (`t.data = ...`) or reinterpreted at its address (another dtype or shape, fewer values,
     stride 0, a lazily negated view, a storage of another extent, its address now another GPU's), W changed in place or
-    conjugated, BLOCKSIZES assigned without the weight's blocksize (or, a list, it removed in place). The names whose
-    change left the key as it was (each must change it, or make it unreadable)."""
+    conjugated. The names whose change left the key as it was (each must change it, or make it unreadable)."""
     W, q = weight(shape=(32, 128), seed=90)
     before = kernel.key_of(W, q)[0]
     unseen = []
@@ -502,13 +487,6 @@ def key_changes(kernel):
             if keys[label] == keys["long"]:
                 unseen.append(f"{name}.data at its address on a storage {label}")
     seen("W.t_()", W.t_, W.t_)
-    held = kernel.BLOCKSIZES  # validation reads it: assigned from another cell, or a list changed in place
-    seen("BLOCKSIZES assigned without the blocksize", lambda: setattr(kernel, "BLOCKSIZES", (32, 128)),
-         lambda: setattr(kernel, "BLOCKSIZES", held))
-    kernel.BLOCKSIZES = list(held)
-    seen("BLOCKSIZES a list, the blocksize removed in place", lambda: kernel.BLOCKSIZES.remove(q.blocksize),
-         lambda: kernel.BLOCKSIZES.append(q.blocksize))
-    kernel.BLOCKSIZES = held
     complex_W = W.data.reshape(-1).view(torch.complex64)  # (W's bytes; a conjugate is a lazy view of them)
     if kernel.key_of(complex_W, q)[0] == kernel.key_of(complex_W.conj(), q)[0]:
         unseen.append("W's bytes as complex, conjugated")
@@ -766,8 +744,7 @@ def main():
               "held_transposed": held_transposed(kernel), "compiled_kernel_lifetime": compiled_kernel_lifetime(kernel),
               "two_threads_first_call": two_threads_first_call(kernel),
               "two_threads_keep_at_the_bound": two_threads_keep_at_the_bound(kernel),
-              "t4_code": t4_code_launches(kernel),
-              "an_edited_check_then_blocksizes_assigned": an_edited_check_then_blocksizes_assigned(kernel)}
+              "t4_code": t4_code_launches(kernel)}
     print(json.dumps(report))
 
 

@@ -61,7 +61,7 @@ REVERTED_FIXES = {
     "a tensor's storage unkeyed (its storage shrunk at its address by resize_)":
         ("t.is_neg(), t.storage_offset(),\n                        storage.nbytes())", "t.is_neg())"),
     "W's conjugate bit unkeyed (W.data = its bytes as a complex tensor's conjugate)":
-        ("key = [*values, W.is_conj(),", "key = [*values,"),
+        ("key = [*values, W.is_conj()]", "key = [*values]"),
     "a plan kept though its call made a temporary (a table copied during graph capture)":
         ("if key is not None and not layout.temporary and", "if key is not None and"),
     "the fields read twice, by the key and again by validation":
@@ -76,11 +76,9 @@ REVERTED_FIXES = {
         ("if hook is not None and (not isinstance(hook, HOOK_CHAIN) or hook.calls):",
          "if hook and (not isinstance(hook, HOOK_CHAIN) or hook.calls):"),
     "a plan launched whatever the launch configuration (a LAUNCH_CONFIGS entry changed in place)":
-        ("and config is launch_config(capability) and capability >=", "and capability >="),
-    "BLOCKSIZES unkeyed (assigned from another cell, the wrapper cell not run again)":
-        ("W.is_conj(), tuple(BLOCKSIZES)]", "W.is_conj()]"),
-    "BLOCKSIZES keyed whatever it holds (a list in it: a key no dict can hold)":
-        ("for size in (*shape, *BLOCKSIZES))):", "for size in shape)):"),
+        ("\n            and config is launch_config(capability))", ")"),
+    "validation reading BLOCKSIZES at each call (assigned from another cell: a plan made before answers)":
+        ("or blocksize not in blocksizes:", "or blocksize not in BLOCKSIZES:"),
     "a plan used whatever checks made it (the wrapper cell run again, its blocksize check edited)":
         ("kernel is _dequantize_4bit_kernel and checks is validate", "kernel is _dequantize_4bit_kernel"),
     "the key's tensors not held until the launch (a field made anew at each read)":
@@ -108,7 +106,7 @@ REVERTED_FIXES = {
     "only the launch hooks checked (a compile hook; on Triton 3.7+ the stages inspection hook)":
         ('and not name.startswith(("_", "add_pre_", "kernel_"))', 'and name.startswith("launch_")'),
     "a shape's sizes of any int type keyed (a size equal to anything)":
-        ("for size in (*shape, *BLOCKSIZES))):", "for size in BLOCKSIZES)):"),
+        ("\n                or any(type(size) is not int for size in shape)):", "):"),
     "the output made by torch.empty (accelerate's old init_empty_weights: a meta output)":
         ("out = layout.packed.new_empty(layout.shape, dtype=layout.dtype)",
          "out = torch.empty(layout.shape, dtype=layout.dtype, device=device)"),
