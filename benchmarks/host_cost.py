@@ -1,24 +1,21 @@
-"""Host time per call of the launch path (`timing.HOST_TIME_METHOD`), these cells against an older notebook's
-and against what a launch cannot go below, in interleaved rounds on the procedure's first weight; with two GPUs,
-the same weight on the second GPU called with either GPU current: results/<gpu>/host_cost.json.
+"""Host time per call of the launch path (`timing.HOST_TIME_METHOD`) against what a launch cannot go below and what
+the launch path's rule cannot read less than, in interleaved rounds on the procedure's first weight; with two GPUs,
+the same weight on the second GPU called with either GPU current; the procedure's timed loops with that least:
+results/<gpu>/host_cost.json.
 
-    python -m benchmarks.host_cost OLD.ipynb
+    python -m benchmarks.host_cost
 
-Timed: triton_dequantize_nf4 from these cells and from OLD's; the floor (HOST_COST_FLOOR); the floor after the
-least a later call must read (LEAST_READS); a new weight's first call (FIRST_CALL), these cells' and OLD's; a call
-through Triton's own launch; unsloth's fused path. Many short rounds: the GPU machines' hosts switch between a fast
-and a slow mode within seconds, and a long round can catch one method in the other mode. Then the procedure's timed
-loops by these cells, by LEAST_READS and by the fused path (LEAST_READS_PROCEDURE).
+Timed: triton_dequantize_nf4; the floor (HOST_COST_FLOOR); the least reads before it (LEAST_READS); a new weight's
+first call (FIRST_CALL); unsloth's fused path. Many short rounds: the GPU machines' hosts switch between a fast and a
+slow mode within seconds, and a long round can catch one method in the other mode.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import functools
 import operator
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -31,15 +28,14 @@ HOST_COST_FLOOR = ("torch.empty_strided of the output plus the compiled kernel's
 FIRST_CALL = ("a new weight's first call: a QuantState the launch path has not seen, with its own absmax and codebook "
               "tensors (bitsandbytes makes them per weight), its kernel compiled (from an earlier weight of its kind): "
               "validation, the plan made and kept, its launch")
-LEAST_READS = ("a lower bound for a later call of a nested weight by any launch path that keeps the cells' rule (a "
-               "plan launches only on what this call checked): the floor, after only these reads, fewer than the rule "
-               "needs: Triton's state (triton_launch_is_plain); for W and each tensor the kernel reads (absmax, "
-               "offset, state2.absmax, state2.code) its address, dtype and shape (W) or element count; the quant "
-               "state's other fields by value; the floor found by them in a dict. Not read: contiguity, sign and "
-               "conjugate bits, storage extent, exact types; W's GPU is not made current")
+LEAST_READS = ("the floor after only what the launch path's rule must read of a nested weight, read as the cells read "
+               "(plain tensors): Triton's state (triton_launch_is_plain); the address, dtype and shape (W) or element "
+               "count of W and of each tensor the kernel reads; the other fields by value; a dict lookup. Fewer reads "
+               "than the rule needs (no contiguity, sign bits, storage extent or exact types): one lean reading, as "
+               "measured, not a proof that none is leaner")
 LEAST_READS_PROCEDURE = ("the published procedure's timed loops (per case: up, gate, down, each dequantized, .t(), "
                          "synchronized; 1,000 iterations) by these cells, by LEAST_READS and by unsloth's fused path, "
-                         "in rounds, the order rotated; per method the median of the rounds' totals")
+                         "in rounds, the order rotated; per method the rounds' totals over the cases, their median")
 ANOTHER_GPU = ("a weight on cuda:1 (a model split over two GPUs): a later call with cuda:1 current, and with cuda:0 "
                "current (the launch path makes the weight's GPU current for the launch), ours and unsloth's fused path")
 
@@ -60,20 +56,19 @@ def floor_call(plan):
 
 
 def least_reads(cells, layers):
-    """LEAST_READS for `layers` (nested weights each with a plan in `cells`): a call taking a layer."""
+    """LEAST_READS for `layers` (nested weights, each with its plan in `cells`): a call taking a layer."""
     values = operator.attrgetter("quant_type", "dtype", "shape", "blocksize", "nested")
     values2 = operator.attrgetter("blocksize", "dtype", "nested")
 
     def key(W, q):
-        state2 = q.state2
-        absmax, offset, absmax2, code2 = q.absmax, q.offset, state2.absmax, state2.code
-        return (W.data_ptr(), W.dtype, W.shape, values(q), values2(state2),
-                absmax.data_ptr(), absmax.dtype, absmax.numel(), offset.data_ptr(), offset.dtype, offset.numel(),
-                absmax2.data_ptr(), absmax2.dtype, absmax2.numel(), code2.data_ptr(), code2.dtype, code2.numel())
+        absmax, offset, absmax2, code2 = q.absmax, q.offset, q.state2.absmax, q.state2.code
+        with torch._C.DisableTorchFunctionSubclass():  # (W is a Params4bit)
+            return (W.data_ptr(), W.dtype, W.shape, values(q), values2(q.state2),
+                    absmax.data_ptr(), absmax.dtype, absmax.numel(), offset.data_ptr(), offset.dtype, offset.numel(),
+                    absmax2.data_ptr(), absmax2.dtype, absmax2.numel(), code2.data_ptr(), code2.dtype, code2.numel())
 
     floors = {}
-    for layer in layers:
-        W, q = layer.weight, layer.weight.quant_state
+    for W, q in ((layer.weight, layer.weight.quant_state) for layer in layers):
         floors[key(W, q)] = floor_call(cells._plans[cells.key_of(W, q)[0]])
 
     def call(layer):
@@ -84,37 +79,25 @@ def least_reads(cells, layers):
     return call
 
 
-def procedure_loop(dequantize, layers, iterations: int) -> float:
-    """Wall clock of the procedure's timed loop over `layers` (up, gate, down): each dequantized, .t(), synchronized."""
-    start = time.perf_counter()
-    for _ in range(iterations):
-        for layer in layers:
-            dequantize(layer).t()
-            torch.cuda.synchronize()
-    return time.perf_counter() - start
-
-
-def least_reads_procedure(new, fused, rounds: int = 5, iterations: int = 1000) -> dict:
-    """LEAST_READS_PROCEDURE: seconds per round (summed over the cases) per method, the medians, and the fused path's
-    median over each's (the puzzle's speedup, here with the median of the totals)."""
-    methods = {"ours": new.triton_dequantize_nf4, "least_reads": None, "unsloth_fused": fused}
-    seconds = {name: [0.0] * rounds for name in methods}
+def least_reads_procedure(cells, fused, rounds: int = 5) -> dict:
+    """LEAST_READS_PROCEDURE, every output checked against bitsandbytes first; the fused path's median over ours and
+    over LEAST_READS'."""
+    seconds = {name: [0.0] * rounds for name in ("ours", "least_reads", "unsloth_fused")}
     for _, _, hd, m, _, dtype in helpers.PROCEDURE_CASES:
         mlp = helpers.MLP(hd, m, dtype, "cuda")
         layers = (mlp.up_proj, mlp.gate_proj, mlp.down_proj)
-        for layer in layers:
-            reference = helpers.bitsandbytes_bits(layer)
-            assert all(torch.equal(new.triton_dequantize_nf4(layer), reference) for _ in range(2))
-        methods["least_reads"] = least_reads(new, layers)
-        for layer in layers:
-            assert torch.equal(methods["least_reads"](layer), new.triton_dequantize_nf4(layer))
-        names = list(methods)
+        methods = {"ours": cells.triton_dequantize_nf4, "unsloth_fused": fused}
+        assert all(torch.equal(cells.triton_dequantize_nf4(layer), helpers.bitsandbytes_bits(layer))
+                   for layer in layers * 2)  # (the second call of each: its plan's)
+        methods["least_reads"] = least_reads(cells, layers)
+        assert all(torch.equal(fn(layer), helpers.bitsandbytes_bits(layer))
+                   for fn in methods.values() for layer in layers)
+        names = list(seconds)
         for name in names:
-            procedure_loop(methods[name], layers, 100)  # untimed: a warm host
+            timing.timed_calls(methods[name], layers, 100)  # untimed: a warm host
         for r in range(rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
-                seconds[name][r] += procedure_loop(methods[name], layers, iterations)
-        del mlp, layers
+                seconds[name][r] += sum(timing.timed_calls(methods[name], layers, 1000))
     median = {name: sorted(values)[rounds // 2] for name, values in seconds.items()}
     return {"what": LEAST_READS_PROCEDURE, "rounds_s": seconds, "median_s": median,
             "fused_over_ours": median["unsloth_fused"] / median["ours"],
@@ -129,22 +112,19 @@ def fresh_states(q, count):
     return iter(states)
 
 
-def host_cost(new, old, rounds: int = 45, calls: int = 200) -> dict:
-    """Every call above timed in `rounds` interleaved rounds of `calls`; the median of the round medians, and the
-    ratios the README quotes."""
+def host_cost(cells, rounds: int = 45, calls: int = 200) -> dict:
+    """Every call above timed in `rounds` interleaved rounds of `calls`, each output checked against bitsandbytes
+    first; the median of the round medians, and the ratios the README quotes."""
     layer = helpers.make_layer(*helpers.KERNEL_SHAPES[0])
     W, q = layer.weight, layer.weight.quant_state
     reference = helpers.bitsandbytes_bits(layer)
-    for cells in (new, old):
-        assert all(torch.equal(cells.triton_dequantize_nf4(layer), reference) for _ in range(2))
-    methods, skipped = helpers.dequantizers(new.triton_dequantize_nf4)
-    fresh = {cells: fresh_states(q, rounds * (calls + 20) + 2) for cells in ("new", "old")}
-    plan = new._plans[new.key_of(W, q)[0]]
-    timed = {"new": lambda: new.triton_dequantize_nf4(layer), "old": lambda: old.triton_dequantize_nf4(layer),
-             "floor": floor_call(plan), "least_reads": functools.partial(least_reads(new, [layer]), layer),
-             "first_call": lambda: new.dequantize_nf4(W, next(fresh["new"])),
-             "old_first_call": lambda: old.dequantize_nf4(W, next(fresh["old"])),
-             "via_triton": lambda: new.dequantize_nf4_via_triton(W, q)}
+    assert all(torch.equal(cells.triton_dequantize_nf4(layer), reference) for _ in range(2))
+    methods, skipped = helpers.dequantizers(cells.triton_dequantize_nf4)
+    fresh = fresh_states(q, rounds * (calls + 20) + 1)
+    timed = {"ours": lambda: cells.triton_dequantize_nf4(layer),
+             "floor": floor_call(cells._plans[cells.key_of(W, q)[0]]),
+             "least_reads": functools.partial(least_reads(cells, [layer]), layer),
+             "first_call": lambda: cells.dequantize_nf4(W, next(fresh))}
     if "unsloth_fused" in methods:
         timed["unsloth_fused"] = lambda: methods["unsloth_fused"](layer)
     assert all(torch.equal(timed[name](), reference) for name in timed)
@@ -156,28 +136,23 @@ def host_cost(new, old, rounds: int = 45, calls: int = 200) -> dict:
     fused = median.get("unsloth_fused")
     table = {"layer": str(helpers.KERNEL_SHAPES[0]), "method": timing.HOST_TIME_METHOD, "floor": HOST_COST_FLOOR,
              "least_reads": LEAST_READS, "first_call": FIRST_CALL, "calls_per_round": calls, "rounds_us": samples,
-             "median_us": median, "new_over_floor": median["new"] / median["floor"],
+             "median_us": median, "ours_over_floor": median["ours"] / median["floor"],
              "least_reads_over_floor": median["least_reads"] / median["floor"],
-             "old_over_floor": median["old"] / median["floor"],
-             "new_over_old": median["new"] / median["old"],
-             "first_call_over_fused": median["first_call"] / fused if fused else None,
-             "old_first_call_over_fused": median["old_first_call"] / fused if fused else None,
-             "via_triton_over_fused": median["via_triton"] / fused if fused else None,
-             "skipped_baselines": skipped}
+             "first_call_over_fused": median["first_call"] / fused if fused else None, "skipped_baselines": skipped}
     if torch.cuda.device_count() > 1:
-        table["another_gpu"] = another_gpu(new, methods, rounds, calls)
+        table["another_gpu"] = another_gpu(cells, methods, rounds, calls)
     if fused:
-        table["least_reads_procedure"] = least_reads_procedure(new, methods["unsloth_fused"])
+        table["least_reads_procedure"] = least_reads_procedure(cells, methods["unsloth_fused"])
     return table
 
 
-def another_gpu(new, methods, rounds: int, calls: int) -> dict:
+def another_gpu(cells, methods, rounds: int, calls: int) -> dict:
     """ANOTHER_GPU: the procedure's first weight on cuda:1, a later call timed with cuda:1 current and with
     cuda:0 current, ours and (where installed) unsloth's fused path; each output checked against bitsandbytes."""
     import bitsandbytes.functional as bnbf
     layer = helpers.make_layer(*helpers.KERNEL_SHAPES[0], device="cuda:1")
     reference = bnbf.dequantize_4bit(layer.weight, layer.weight.quant_state)
-    methods = {"ours": new.triton_dequantize_nf4, **{name: fn for name, fn in methods.items() if name == "unsloth_fused"}}
+    methods = {"ours": cells.triton_dequantize_nf4, **{name: fn for name, fn in methods.items() if name == "unsloth_fused"}}
     samples = {f"{name}, cuda:{current} current": [] for current in (1, 0) for name in methods}
     for _ in range(rounds):
         for current in (1, 0):
@@ -204,29 +179,19 @@ def host_time_on_gpu_1(fn, calls: int) -> float:
     return sorted(samples)[calls // 2]
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("old_notebook", type=Path, help="the notebook whose cells these are compared with")
-    args = parser.parse_args(argv)
+def main():
     if not torch.cuda.is_available():
         sys.exit("benchmarks.host_cost times a GPU's launches: it needs a CUDA GPU")
-    new = load_kernel_cells()
-    # an older notebook's cells by their tags then: the paste unit (once split, `fast-launch`) and the model patch
-    old = load_kernel_cells(args.old_notebook, name="nf4_old_cells", tags=("kernel", "fast-launch", "model-patch"))
-    env = helpers.environment(vars(new))
-    table = host_cost(new, old)
-    table["old_notebook"] = args.old_notebook.name
+    cells = load_kernel_cells()
+    env = helpers.environment(vars(cells))
+    table = host_cost(cells)
     print({name: round(us, 2) for name, us in table["median_us"].items()})
-    print(f"new/floor {table['new_over_floor']:.3f}, old/floor {table['old_over_floor']:.3f}, new/old "
-          f"{table['new_over_old']:.3f}, first call/fused {table['first_call_over_fused'] or float('nan'):.3f}, "
-          f"old first call/fused {table['old_first_call_over_fused'] or float('nan'):.3f}")
-    print(f"least reads/floor {table['least_reads_over_floor']:.3f}")
+    print(f"ours/floor {table['ours_over_floor']:.3f}, least reads/floor {table['least_reads_over_floor']:.3f}, "
+          f"first call/fused {table['first_call_over_fused'] or float('nan'):.3f}")
     if "another_gpu" in table:
         print({name: round(us, 2) for name, us in table["another_gpu"]["median_us"].items()})
     if "least_reads_procedure" in table:
-        bound = table["least_reads_procedure"]
-        print({name: round(s, 3) for name, s in bound["median_s"].items()},
-              f"fused/ours {bound['fused_over_ours']:.3f}, fused/least reads {bound['fused_over_least_reads']:.3f}")
+        print({name: round(s, 3) for name, s in table["least_reads_procedure"]["median_s"].items()})
     path = helpers.results_dir(env) / "host_cost.json"
     print("wrote", helpers.write_results(path, env, {"host_cost": timing.HOST_TIME_METHOD}, host_cost=table))
 

@@ -6,17 +6,20 @@ Reported, as one JSON line: for a nested and a plain layout, the launches of a n
 of W.t() and of another weight of the kind, each against Triton's; each case the launch path's header names, as
 (Triton's launches, direct launches) per call; Triton's per-launch state this Triton has (launch hooks, debug mode,
 instrumentation mode, pre-run hooks), set after a plan exists and cleared; validation's constants assigned after a
-plan exists; a weight on the GPU that is not current, first call and plan, with the GPU current and the stream each
-launch had; what changes the key (each field, a storage swapped, W changed in place); weights Triton specializes
-apart (the key must tell apart every pair Triton compiles apart); quant states that are not a QuantState; a launch
-that raises; the compiled kernel a kind keeps alive; two threads' first calls of one kind at once; two threads
-keeping plans at once at the bound; benchmarks/t4_code.py's sm_75 launches. Own process."""
+plan exists; a cell run again during a first call; a weight on the GPU that is not current, first call and plan,
+with the GPU current and the stream each launch had; what changes the key (each field, a storage swapped, W changed
+in place); weights Triton specializes apart (the key must tell apart every pair Triton compiles apart); quant
+states that are not a QuantState; a launch that raises; the compiled kernel a kind keeps alive; two threads' first
+calls of one kind at once; two threads keeping plans at once at the bound; benchmarks/t4_code.py's sm_75 launches.
+Own process."""
 import collections
 import copy
 import gc
+import importlib.util
 import json
 import os
 import sys
+import tempfile
 import threading
 import types
 import warnings
@@ -393,6 +396,75 @@ def constants_after_a_plan(kernel):
     return report
 
 
+def _edited_kernel(source):
+    """The kernel cell's JITFunction from `source`, the cell edited (Triton reads a kernel's source from its file)."""
+    path = Path(tempfile.mkdtemp(prefix="nf4_edited_")) / "edited_kernel_cell.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("nf4_edited_kernel_cell", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module._dequantize_4bit_kernel
+
+
+def _next_call(kernel, W, q):
+    """dequantize_nf4(W, q)'s outcome: "refused: <error>"; its launches as (Triton's, direct) and whether they match
+    Triton's own launch of a fresh validation; or "returned where a fresh validation refuses: <error>"."""
+    try:
+        mine, counts, _ = recorded(kernel, W, q)
+    except ValueError as error:
+        return f"refused: {error}"
+    try:
+        return [counts, mine == triton_record(kernel, W, q)]
+    except ValueError as error:
+        return f"returned where a fresh validation refuses: {error}"
+
+
+def a_cell_run_again_during_a_first_call(kernel):
+    """A weight's first call, between its validation and its plan (sys.setprofile stands in for another thread),
+    sees the wrapper cell run again with BLOCKSIZES edited to leave out its blocksize (CONFIG_OVERRIDE set again,
+    the same object), or the kernel cell run again with its kernel edited (its halves swapped): per case, the next
+    call's outcome (_next_call). The cells as they are come back after."""
+    notebook = Path(os.environ.get("NF4_NOTEBOOK", NOTEBOOK))
+    kernel_cell, wrapper = kernel_cell_sources(notebook)[:2]
+    literal = "BLOCKSIZES = (32, 64, 128,"
+    swap = "tl.interleave(high, low)"
+    assert wrapper.count(literal) == 1 and kernel_cell.count(swap) == 1, "the edits' places moved"
+    edited_wrapper = wrapper.replace(literal, "BLOCKSIZES = (32, 128,")
+    original_kernel = kernel._dequantize_4bit_kernel
+    kernel._dequantize_4bit_kernel = _edited_kernel(kernel_cell.replace(swap, "tl.interleave(low, high)"))
+    Counted.install(kernel)  # (its launches counted as Triton's, as the original's are)
+    edited_kernel, kernel._dequantize_4bit_kernel = kernel._dequantize_4bit_kernel, original_kernel
+
+    def run_the_wrapper_cell(override):
+        exec(edited_wrapper, vars(kernel))
+        kernel.device_capability = lambda device: CAPABILITY
+        kernel.CONFIG_OVERRIDE = override
+
+    def run_the_kernel_cell(override):
+        kernel._dequantize_4bit_kernel = edited_kernel
+
+    report = {}
+    for seed, (name, run_the_cell) in enumerate({"the wrapper cell": run_the_wrapper_cell,
+                                                 "the kernel cell": run_the_kernel_cell}.items()):
+        W, q = weight(shape=(8, 128), dtype=torch.float16, seed=80 + seed)
+        override = kernel.CONFIG_OVERRIDE = kernel.launch_config(CAPABILITY)
+
+        def mid_call(frame, event, argument):
+            if event == "call" and frame.f_code.co_name == "plan_and_launch":
+                sys.setprofile(None)
+                run_the_cell(override)
+        sys.setprofile(mid_call)
+        try:
+            kernel.dequantize_nf4(W, q)
+        finally:
+            sys.setprofile(None)
+        report[name] = _next_call(kernel, W, q)
+        exec(wrapper, vars(kernel))
+        kernel.device_capability = lambda device: CAPABILITY
+        kernel._dequantize_4bit_kernel = original_kernel
+    return report
+
+
 def another_gpu(kernel):
     """A weight on one stand-in GPU called while the other is current (a model split over two GPUs): its first
     call and its plan launch with its GPU current and that GPU's stream (Triton's arguments), the current GPU as
@@ -538,7 +610,8 @@ def sweep(kernel):
         grid, args, constexprs, options = kernel.launch_arguments(layout, out, kernel.launch_config(CAPABILITY),
                                                                   CAPABILITY)
         compiled = kernel._dequantize_4bit_kernel[grid](*args, **constexprs, **options)
-        kind = kernel.kind_key(args, constexprs, options, layout.packed.get_device())
+        kind = kernel.kind_key(kernel._dequantize_4bit_kernel, args, constexprs, options,
+                               layout.packed.get_device())
         compiled_of_key.setdefault(kind, set()).add(id(compiled))
         results = [recorded(kernel, W, q) for _ in range(2)]
         rows[name] = {"matches_triton": all(mine == triton_record(kernel, W, q) for mine, _, _ in results),
@@ -738,6 +811,7 @@ def main():
               "nested": case(kernel, True, torch.bfloat16), "plain": case(kernel, False, torch.float32),
               "paths": paths(kernel), "triton_state": triton_state_after_a_plan(kernel),
               "constants": constants_after_a_plan(kernel),
+              "a_cell_run_again_during_a_first_call": a_cell_run_again_during_a_first_call(kernel),
               "another_gpu": another_gpu(kernel), "a_tensor_on_the_other_gpu": a_tensor_on_the_other_gpu(kernel),
               "key_changes": key_changes(kernel), "sweep": sweep(kernel),
               "other_quant_states": other_quant_states(kernel), "a_launch_raises": a_launch_raises(kernel),

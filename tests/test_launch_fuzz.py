@@ -65,7 +65,7 @@ REVERTED_FIXES = {
     "a plan kept though its call made a temporary (a table copied during graph capture)":
         ("if key is not None and not layout.temporary and", "if key is not None and"),
     "the fields read twice, by the key and again by validation":
-        ("layout = validate(W, quant_state, state)", "layout = validate(W, quant_state)"),
+        ("layout = checks(W, quant_state, state)", "layout = checks(W, quant_state)"),
     "validation of the quant state's tensors themselves, not aliases (t.data = ... and back during a first call)":
         ("return tuple(v.detach() if isinstance(v, torch.Tensor) else v for v in values)", "return values"),
     "a field of another type keyed by its value (nested as a tensor changed in place)":

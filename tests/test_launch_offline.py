@@ -87,6 +87,15 @@ def test_validation_s_constants_assigned_from_another_cell_change_nothing_until_
         assert calls == [[False, True]] * len(calls) and len(calls) >= 2, (name, calls)
 
 
+def test_a_cell_run_again_during_a_first_call_leaves_no_plan_answering_for_the_new_cells(report):
+    # the plan a first call keeps holds the kernel and checks that call began with: a wrapper cell run again with
+    # the weight's blocksize left out refuses the next call by name, and a kernel cell run again (edited) launches
+    # its own kernel by Triton's launch (a new kind), not the compiled kernel the first call made
+    ran_again = report["a_cell_run_again_during_a_first_call"]
+    assert ran_again["the wrapper cell"].startswith("refused: dequantize_nf4: blocksize 64 is not one of"), ran_again
+    assert ran_again["the kernel cell"] == [[1, 0], True], ran_again
+
+
 @pytest.mark.parametrize("case", ["on GPU 1, GPU 0 current", "on GPU 0, GPU 1 current"])
 def test_a_weight_on_the_gpu_that_is_not_current_launches_on_its_own(report, case):
     # a model split over two GPUs: the first call (Triton's) and the plan's launch with the weight's GPU current

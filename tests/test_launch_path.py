@@ -774,7 +774,7 @@ def test_a_first_call_inside_graph_capture_keeps_no_table_and_never_syncs(kernel
     assert_same_bits(out, expected, "captured")
 
 
-def test_every_input_of_a_launch_tells_kinds_apart(kernel, monkeypatch):
+def test_every_input_of_a_launch_tells_kinds_apart(kernel):
     # a kind's compiled kernel launches every later weight of the kind: whatever Triton specializes on (each
     # tensor's dtype and address mod 16, every other argument, constexpr and option), the GPU and the kernel
     # must give another kind
@@ -782,21 +782,21 @@ def test_every_input_of_a_launch_tells_kinds_apart(kernel, monkeypatch):
     layout = kernel.validate(layer.weight, layer.weight.quant_state)
     out = torch.empty(layout.shape, dtype=layout.dtype, device=DEVICE)
     grid, args, constexprs, options = kernel.launch_arguments(layout, out, kernel.DEFAULT_CONFIG, (9, 0))
-    base = kernel.kind_key(args, constexprs, options, 0)
-    assert kernel.kind_key(tuple(args), dict(constexprs), dict(options), 0) == base
+    jit = kernel._dequantize_4bit_kernel
+    base = kernel.kind_key(jit, args, constexprs, options, 0)
+    assert kernel.kind_key(jit, tuple(args), dict(constexprs), dict(options), 0) == base
     shifted = torch.empty(args[1].numel() + 4, dtype=torch.uint8, device=DEVICE)[4:]  # 4 bytes off 16
     changed = {
-        "a tensor's dtype": ((args[0], args[1].view(torch.int8), *args[2:]), constexprs, options, 0),
-        "a tensor's address mod 16": ((args[0], shifted, *args[2:]), constexprs, options, 0),
-        "n": ((*args[:-1], args[-1] + 16), constexprs, options, 0),
-        "a constexpr": (args, {**constexprs, "BLOCKSIZE": 128}, options, 0),
-        "an option": (args, constexprs, {**options, "num_warps": 8}, 0),
-        "the GPU": (args, constexprs, options, 1),
+        "a tensor's dtype": (jit, (args[0], args[1].view(torch.int8), *args[2:]), constexprs, options, 0),
+        "a tensor's address mod 16": (jit, (args[0], shifted, *args[2:]), constexprs, options, 0),
+        "n": (jit, (*args[:-1], args[-1] + 16), constexprs, options, 0),
+        "a constexpr": (jit, args, {**constexprs, "BLOCKSIZE": 128}, options, 0),
+        "an option": (jit, args, constexprs, {**options, "num_warps": 8}, 0),
+        "the GPU": (jit, args, constexprs, options, 1),
+        "the kernel": (types.SimpleNamespace(fn=lambda: None), args, constexprs, options, 0),
     }
     for name, arguments in changed.items():
         assert kernel.kind_key(*arguments) != base, name
-    monkeypatch.setattr(kernel, "_dequantize_4bit_kernel", types.SimpleNamespace(fn=lambda: None))
-    assert kernel.kind_key(args, constexprs, options, 0) != base, "another kernel"
 
 
 @pytest.mark.parametrize("patched", ["empty", "empty_strided"])
