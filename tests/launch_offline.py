@@ -422,8 +422,10 @@ def _next_call(kernel, W, q):
 def a_cell_run_again_during_a_first_call(kernel):
     """A weight's first call, between its validation and its plan (sys.setprofile stands in for another thread),
     sees the wrapper cell run again with BLOCKSIZES edited to leave out its blocksize (CONFIG_OVERRIDE set again,
-    the same object), or the kernel cell run again with its kernel edited (its halves swapped): per case, the next
-    call's outcome (_next_call). The cells as they are come back after."""
+    the same object), or the kernel cell run again with its kernel edited (its halves swapped; the weight of a kind
+    not compiled before): per case, whether the weight's kind was new, whether the plan the call kept holds the build
+    of the kernel it is stamped with (Triton's hash), and the next call's outcome (_next_call). The cells as they are
+    come back after."""
     notebook = Path(os.environ.get("NF4_NOTEBOOK", NOTEBOOK))
     kernel_cell, wrapper = kernel_cell_sources(notebook)[:2]
     literal = "BLOCKSIZES = (32, 64, 128,"
@@ -444,10 +446,15 @@ def a_cell_run_again_during_a_first_call(kernel):
         kernel._dequantize_4bit_kernel = edited_kernel
 
     report = {}
-    for seed, (name, run_the_cell) in enumerate({"the wrapper cell": run_the_wrapper_cell,
-                                                 "the kernel cell": run_the_kernel_cell}.items()):
-        W, q = weight(shape=(8, 128), dtype=torch.float16, seed=80 + seed)
+    cases = {"the wrapper cell": (run_the_wrapper_cell, (8, 128), torch.float16),
+             "the kernel cell": (run_the_kernel_cell, (8, 192), torch.float32)}
+    for seed, (name, (run_the_cell, shape, dtype)) in enumerate(cases.items()):
+        W, q = weight(shape=shape, dtype=dtype, seed=80 + seed)
         override = kernel.CONFIG_OVERRIDE = kernel.launch_config(CAPABILITY)
+        layout = kernel.validate(W, q)
+        out = torch.empty(layout.shape, dtype=layout.dtype)
+        grid, args, constexprs, options = kernel.launch_arguments(layout, out, override, CAPABILITY)
+        new_kind = kernel.kind_key(original_kernel, args, constexprs, options, 0) not in kernel._kinds
 
         def mid_call(frame, event, argument):
             if event == "call" and frame.f_code.co_name == "plan_and_launch":
@@ -458,7 +465,11 @@ def a_cell_run_again_during_a_first_call(kernel):
             kernel.dequantize_nf4(W, q)
         finally:
             sys.setprofile(None)
-        report[name] = _next_call(kernel, W, q)
+        plan = kernel._plans.get(kernel.key_of(W, q)[0])
+        holds_its_build = plan is not None and plan.made_with[0][grid](*args, **constexprs, **options).hash == \
+            plan.compiled.hash
+        report[name] = {"a new kind": new_kind, "the plan holds its kernel's build": holds_its_build,
+                        "the next call": _next_call(kernel, W, q)}
         exec(wrapper, vars(kernel))
         kernel.device_capability = lambda device: CAPABILITY
         kernel._dequantize_4bit_kernel = original_kernel

@@ -90,10 +90,14 @@ def test_validation_s_constants_assigned_from_another_cell_change_nothing_until_
 def test_a_cell_run_again_during_a_first_call_leaves_no_plan_answering_for_the_new_cells(report):
     # the plan a first call keeps holds the kernel and checks that call began with: a wrapper cell run again with
     # the weight's blocksize left out refuses the next call by name, and a kernel cell run again (edited) launches
-    # its own kernel by Triton's launch (a new kind), not the compiled kernel the first call made
-    ran_again = report["a_cell_run_again_during_a_first_call"]
-    assert ran_again["the wrapper cell"].startswith("refused: dequantize_nf4: blocksize 64 is not one of"), ran_again
-    assert ran_again["the kernel cell"] == [[1, 0], True], ran_again
+    # its own kernel by Triton's launch (a new kind); the plan the first call kept holds the build of the kernel it
+    # is stamped with (a new kind's, compiled during the call)
+    wrapper, kernel_cell = (report["a_cell_run_again_during_a_first_call"][name]
+                            for name in ("the wrapper cell", "the kernel cell"))
+    assert wrapper["the next call"].startswith("refused: dequantize_nf4: blocksize 64 is not one of"), wrapper
+    assert wrapper["the plan holds its kernel's build"] is True, wrapper
+    assert kernel_cell == {"a new kind": True, "the plan holds its kernel's build": True,
+                           "the next call": [[1, 0], True]}, kernel_cell
 
 
 @pytest.mark.parametrize("case", ["on GPU 1, GPU 0 current", "on GPU 0, GPU 1 current"])
