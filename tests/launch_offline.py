@@ -12,6 +12,7 @@ in place); weights Triton specializes apart (the key must tell apart every pair 
 states that are not a QuantState; a launch that raises; the compiled kernel a kind keeps alive; two threads' first
 calls of one kind at once; two threads keeping plans at once at the bound; benchmarks/t4_code.py's sm_75 launches.
 Own process."""
+import ast
 import collections
 import copy
 import gc
@@ -476,6 +477,34 @@ def a_cell_run_again_during_a_first_call(kernel):
     return report
 
 
+def a_first_call_at_each_step_of_a_wrapper_cell_run(kernel):
+    """The wrapper cell run again, edited (its launch arguments halve BLOCKS_PER_PROGRAM: other launches, as exact),
+    with a new weight's first call between two of its top-level statements, as another thread's call may fall: at
+    each such place, the next call of that weight once the cell has run must launch what Triton's own launch of a
+    fresh validation launches. The statements before which it did not. The cell as it is runs again after."""
+    wrapper = kernel_cell_sources(Path(os.environ.get("NF4_NOTEBOOK", NOTEBOOK)))[1]
+    halves = "config.weights_per_program // layout.blocksize)"
+    assert wrapper.count(halves) == 1, "the launch arguments' tile moved"
+    edited = wrapper.replace(halves, "config.weights_per_program // (2 * layout.blocksize))")
+    lines = edited.splitlines(keepends=True)
+    starts = [min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
+              for node in ast.parse(edited).body]
+    wrong = []
+    for n, start in enumerate(starts[1:]):
+        W, q = weight(shape=(16, 512), dtype=torch.float16, seed=100 + n)  # (a first call; other grids once edited)
+        for part in (wrapper, "".join(lines[:start]), None, "".join(lines[start:])):
+            if part is None:
+                kernel.dequantize_nf4(W, q)
+            else:
+                exec(part, vars(kernel))
+                kernel.device_capability = lambda device: CAPABILITY
+        if _next_call(kernel, W, q) not in ([[0, 1], True], [[1, 0], True]):
+            wrong.append(lines[start].strip()[:60])
+    exec(wrapper, vars(kernel))
+    kernel.device_capability = lambda device: CAPABILITY
+    return wrong
+
+
 def another_gpu(kernel):
     """A weight on one stand-in GPU called while the other is current (a model split over two GPUs): its first
     call and its plan launch with its GPU current and that GPU's stream (Triton's arguments), the current GPU as
@@ -823,6 +852,7 @@ def main():
               "paths": paths(kernel), "triton_state": triton_state_after_a_plan(kernel),
               "constants": constants_after_a_plan(kernel),
               "a_cell_run_again_during_a_first_call": a_cell_run_again_during_a_first_call(kernel),
+              "a_first_call_at_each_step": a_first_call_at_each_step_of_a_wrapper_cell_run(kernel),
               "another_gpu": another_gpu(kernel), "a_tensor_on_the_other_gpu": a_tensor_on_the_other_gpu(kernel),
               "key_changes": key_changes(kernel), "sweep": sweep(kernel),
               "other_quant_states": other_quant_states(kernel), "a_launch_raises": a_launch_raises(kernel),

@@ -100,6 +100,13 @@ def test_a_cell_run_again_during_a_first_call_leaves_no_plan_answering_for_the_n
                            "the next call": [[1, 0], True]}, kernel_cell
 
 
+def test_a_first_call_anywhere_in_a_wrapper_cell_run_leaves_no_plan_the_finished_cell_would_not_make(report):
+    # a plan is stamped with validate, so validate is defined after everything a plan's launch depends on
+    # (device_capability, launch_config, launch_arguments, kind_key, launcher_arguments, launch_setup): a first call
+    # that took the new validate took them new too
+    assert report["a_first_call_at_each_step"] == []
+
+
 @pytest.mark.parametrize("case", ["on GPU 1, GPU 0 current", "on GPU 0, GPU 1 current"])
 def test_a_weight_on_the_gpu_that_is_not_current_launches_on_its_own(report, case):
     # a model split over two GPUs: the first call (Triton's) and the plan's launch with the weight's GPU current
