@@ -68,7 +68,8 @@ def least_reads(cells, layers):
                     absmax2.data_ptr(), absmax2.dtype, absmax2.numel(), code2.data_ptr(), code2.dtype, code2.numel())
 
     floors = {}
-    for W, q in ((layer.weight, layer.weight.quant_state) for layer in layers):
+    for layer in layers:
+        W, q = layer.weight, layer.weight.quant_state
         floors[key(W, q)] = floor_call(cells._plans[cells.key_of(W, q)[0]])
 
     def call(layer):
@@ -86,15 +87,15 @@ def least_reads_procedure(cells, fused, rounds: int = 5) -> dict:
     for _, _, hd, m, _, dtype in helpers.PROCEDURE_CASES:
         mlp = helpers.MLP(hd, m, dtype, "cuda")
         layers = (mlp.up_proj, mlp.gate_proj, mlp.down_proj)
-        methods = {"ours": cells.triton_dequantize_nf4, "unsloth_fused": fused}
-        assert all(torch.equal(cells.triton_dequantize_nf4(layer), helpers.bitsandbytes_bits(layer))
-                   for layer in layers * 2)  # (the second call of each: its plan's)
-        methods["least_reads"] = least_reads(cells, layers)
-        assert all(torch.equal(fn(layer), helpers.bitsandbytes_bits(layer))
-                   for fn in methods.values() for layer in layers)
+        references = [helpers.bitsandbytes_bits(layer) for layer in layers]
+        assert all(torch.equal(cells.triton_dequantize_nf4(layer), reference)  # (plans made)
+                   for layer, reference in zip(layers, references))
+        methods = {"ours": cells.triton_dequantize_nf4, "least_reads": least_reads(cells, layers),
+                   "unsloth_fused": fused}
+        for fn in methods.values():  # checked (ours: its plan's launch, as LEAST_READS'), then a warm host, untimed
+            assert all(torch.equal(fn(layer), reference) for layer, reference in zip(layers, references))
+            timing.timed_calls(fn, layers, 100)
         names = list(seconds)
-        for name in names:
-            timing.timed_calls(methods[name], layers, 100)  # untimed: a warm host
         for r in range(rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 seconds[name][r] += sum(timing.timed_calls(methods[name], layers, 1000))

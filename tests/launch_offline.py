@@ -341,6 +341,13 @@ def triton_state_after_a_plan(kernel):
     return report
 
 
+def _run_wrapper_cell(kernel, source):
+    """The wrapper cell's source run in the cells' namespace, as a notebook runs it again; the stand-in's
+    capability check put back over the device_capability it defines."""
+    exec(source, vars(kernel))
+    kernel.device_capability = lambda device: CAPABILITY
+
+
 def constants_after_a_plan(kernel):
     """Validation's constants assigned from another cell once a weight's plan exists, the wrapper cell not run again
     (validation took them as the cell ran), each then called twice: per call, [whether it read the state to validate
@@ -388,12 +395,10 @@ def constants_after_a_plan(kernel):
     literal = "BLOCKSIZES = (32, 64, 128,"
     assert wrapper.count(literal) == 1, "the BLOCKSIZES literal moved"
     try:
-        exec(wrapper.replace(literal, "BLOCKSIZES = (32, 128,"), vars(kernel))
-        kernel.device_capability = lambda device: CAPABILITY
+        _run_wrapper_cell(kernel, wrapper.replace(literal, "BLOCKSIZES = (32, 128,"))
         report["the wrapper cell run again, its BLOCKSIZES without the blocksize"] = outcome()
     finally:
-        exec(wrapper, vars(kernel))
-        kernel.device_capability = lambda device: CAPABILITY
+        _run_wrapper_cell(kernel, wrapper)
     return report
 
 
@@ -439,8 +444,7 @@ def a_cell_run_again_during_a_first_call(kernel):
     edited_kernel, kernel._dequantize_4bit_kernel = kernel._dequantize_4bit_kernel, original_kernel
 
     def run_the_wrapper_cell(override):
-        exec(edited_wrapper, vars(kernel))
-        kernel.device_capability = lambda device: CAPABILITY
+        _run_wrapper_cell(kernel, edited_wrapper)
         kernel.CONFIG_OVERRIDE = override
 
     def run_the_kernel_cell(override):
@@ -471,8 +475,7 @@ def a_cell_run_again_during_a_first_call(kernel):
             plan.compiled.hash
         report[name] = {"a new kind": new_kind, "the plan holds its kernel's build": holds_its_build,
                         "the next call": _next_call(kernel, W, q)}
-        exec(wrapper, vars(kernel))
-        kernel.device_capability = lambda device: CAPABILITY
+        _run_wrapper_cell(kernel, wrapper)
         kernel._dequantize_4bit_kernel = original_kernel
     return report
 
@@ -492,16 +495,13 @@ def a_first_call_at_each_step_of_a_wrapper_cell_run(kernel):
     wrong = []
     for n, start in enumerate(starts[1:]):
         W, q = weight(shape=(16, 512), dtype=torch.float16, seed=100 + n)  # (a first call; other grids once edited)
-        for part in (wrapper, "".join(lines[:start]), None, "".join(lines[start:])):
-            if part is None:
-                kernel.dequantize_nf4(W, q)
-            else:
-                exec(part, vars(kernel))
-                kernel.device_capability = lambda device: CAPABILITY
+        _run_wrapper_cell(kernel, wrapper)  # (the cell as it is; then the edited one, the call between its parts)
+        _run_wrapper_cell(kernel, "".join(lines[:start]))
+        kernel.dequantize_nf4(W, q)
+        _run_wrapper_cell(kernel, "".join(lines[start:]))
         if _next_call(kernel, W, q) not in ([[0, 1], True], [[1, 0], True]):
             wrong.append(lines[start].strip()[:60])
-    exec(wrapper, vars(kernel))
-    kernel.device_capability = lambda device: CAPABILITY
+    _run_wrapper_cell(kernel, wrapper)
     return wrong
 
 
