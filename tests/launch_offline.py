@@ -6,17 +6,18 @@ Reported, as one JSON line: for a nested and a plain layout, the launches of a n
 of W.t() and of another weight of the kind, each against Triton's; each case the launch path's header names, as
 (Triton's launches, direct launches) per call; Triton's per-launch state this Triton has (launch hooks, debug mode,
 instrumentation mode, pre-run hooks), set after a plan exists and cleared; validation's constants assigned after a
-plan exists; a cell run again during a first call; a weight on the GPU that is not current, first call and plan,
-with the GPU current and the stream each launch had; what changes the key (each field, a storage swapped, W changed
-in place); weights Triton specializes apart (the key must tell apart every pair Triton compiles apart); quant
-states that are not a QuantState; a launch that raises; the compiled kernel a kind keeps alive; two threads' first
-calls of one kind at once; two threads keeping plans at once at the bound; benchmarks/t4_code.py's sm_75 launches.
+plan exists; a cell run again during a first call; the launch cell run again at each step of a first call, with
+another kind's first call between; a weight on the GPU that is not current, first call and plan, with the GPU
+current and the stream each launch had; what changes the key (each field, a storage swapped, W changed in place);
+weights Triton specializes apart (the key must tell apart every pair Triton compiles apart); quant states that are
+not a QuantState; a launch that raises; the compiled kernel a kind keeps alive; two threads' first calls of one kind
+at once; two threads keeping plans at once at the bound; benchmarks/t4_code.py's sm_75 launches.
 Own process."""
 import ast
-import collections
 import copy
 import gc
 import importlib.util
+import itertools
 import json
 import os
 import sys
@@ -505,6 +506,72 @@ def a_first_call_at_each_step_of_a_wrapper_cell_run(kernel):
     return wrong
 
 
+def the_launch_cell_run_again_at_each_step_of_a_first_call(kernel):
+    """A weight's first call, of a known kind and of a new one, where another thread (sys.setprofile stands in for
+    it), at one step of the call (a call, or a return from one, made by a function of the launch cell), runs the
+    launch cell again, sets PLANS_KEPT to 1 and makes another kind's first call; at each such step in turn:
+    [kind, step, what was called, what went wrong] where either call raised or launched other than Triton's own
+    launch of a fresh validation, more plans than PLANS_KEPT were kept, or a weight's next call launched otherwise;
+    and the steps each kind's call has. Each step starts from the cell run afresh."""
+    launch_cell = kernel_cell_sources(Path(os.environ.get("NF4_NOTEBOOK", NOTEBOOK)))[2]
+    namespace = vars(kernel)
+    cell_functions = {node.name for node in ast.parse(launch_cell).body if isinstance(node, ast.FunctionDef)}
+    wrong, steps = [], {}
+    for kind in ("a known kind", "a new kind"):
+        for step in itertools.count():
+            exec(launch_cell, namespace)  # (no plan, no kind)
+            if kind == "a known kind":
+                kernel.dequantize_nf4(*weight(shape=(16, 256), dtype=torch.float16, seed=110))
+            W, q = weight(shape=(16, 256), dtype=torch.float16, seed=111 + 2 * step)
+            other = weight(shape=(8, 128), dtype=torch.float32, seed=112 + 2 * step)  # (a kind of its own)
+            called, other_call = [], []
+
+            def another_thread():
+                exec(launch_cell, namespace)
+                kernel.PLANS_KEPT = 1
+                launches = len(offline_gpu.LAUNCHES)
+                try:
+                    other_call.append(recorded(kernel, *other)[0] == triton_record(kernel, *other))
+                except Exception as error:  # (any: what is wrong is that it raised)
+                    other_call.append(f"raised {type(error).__name__}: {error}"[:300])
+                del offline_gpu.LAUNCHES[launches:]  # (not the first call's)
+
+            def at_a_step(frame, event, argument):
+                caller = frame.f_back if event == "call" else frame
+                if (event in ("call", "c_call", "c_return") and caller is not None
+                        and caller.f_globals is namespace and caller.f_code.co_name in cell_functions):
+                    name = frame.f_code.co_name if event == "call" else getattr(argument, "__name__", "?")
+                    called.append(f"{event} {name}")
+                    if len(called) == step + 1:
+                        sys.setprofile(None)
+                        another_thread()
+            sys.setprofile(at_a_step)
+            try:
+                mine = recorded(kernel, W, q)[0] == triton_record(kernel, W, q)
+            except Exception as error:  # (any: what is wrong is that it raised)
+                mine = f"raised {type(error).__name__}: {error}"[:300]
+            finally:
+                sys.setprofile(None)
+            if len(called) <= step:  # the call made fewer steps: every step was taken
+                steps[kind] = step
+                break
+            where = [kind, step, called[step]]
+            problems = []
+            if mine is not True:
+                problems.append(f"the call: {mine}")
+            if other_call[0] is not True:
+                problems.append(f"the other call: {other_call[0]}")
+            if dict.__len__(kernel._plans) > 1:
+                problems.append(f"{dict.__len__(kernel._plans)} plans kept, PLANS_KEPT 1")
+            for weight_called in ((W, q), other):
+                following = _next_call(kernel, *weight_called)
+                if following[1:] != [True]:
+                    problems.append(f"a next call: {following}")
+            wrong += [[*where, problem] for problem in problems]
+    exec(launch_cell, namespace)
+    return {"wrong": wrong, "steps": steps}
+
+
 def another_gpu(kernel):
     """A weight on one stand-in GPU called while the other is current (a model split over two GPUs): its first
     call and its plan launch with its GPU current and that GPU's stream (Triton's arguments), the current GPU as
@@ -786,7 +853,7 @@ def two_threads_first_call(kernel):
             "outputs": returned, "later_calls_match_triton": matches}
 
 
-class _WaitingPlans(collections.OrderedDict):
+class _WaitingPlans(dict):
     """The launch path's plans, where each of the threads "first" and "second" reads their size and then waits (a
     second at most) until the other has read it too: two threads keeping plans at once both read the size before
     either keeps its plan, unless the keeping is locked."""
@@ -853,6 +920,7 @@ def main():
               "constants": constants_after_a_plan(kernel),
               "a_cell_run_again_during_a_first_call": a_cell_run_again_during_a_first_call(kernel),
               "a_first_call_at_each_step": a_first_call_at_each_step_of_a_wrapper_cell_run(kernel),
+              "the_launch_cell_at_each_step": the_launch_cell_run_again_at_each_step_of_a_first_call(kernel),
               "another_gpu": another_gpu(kernel), "a_tensor_on_the_other_gpu": a_tensor_on_the_other_gpu(kernel),
               "key_changes": key_changes(kernel), "sweep": sweep(kernel),
               "other_quant_states": other_quant_states(kernel), "a_launch_raises": a_launch_raises(kernel),

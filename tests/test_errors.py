@@ -2,6 +2,7 @@
 import copy
 import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -351,3 +352,23 @@ def test_the_codebook_deleted_is_no_error(kernel, layer):
     qs = _state(layer)
     del qs.code
     assert torch.equal(kernel.dequantize_nf4(layer.weight, qs), bnbf.dequantize_4bit(layer.weight, qs))
+
+
+@pytest.mark.parametrize("literal, gpu, refused", [("[7, 0]", (7, 5), False), ("[7, 0]", (6, 1), True)])
+def test_min_capability_edited_into_a_list_compares_as_the_tuple(kernel, monkeypatch, literal, gpu, refused):
+    # the wrapper cell edited (MIN_CAPABILITY = [7, 0]) and run, in a namespace of its own: a GPU at or above it
+    # passes, one below is refused by name; neither compares a tuple with a list (an unnamed TypeError)
+    from benchmarks.cells import NOTEBOOK, kernel_cell_sources
+    wrapper = kernel_cell_sources(Path(os.environ.get("NF4_NOTEBOOK", NOTEBOOK)))[1]
+    assert wrapper.count("MIN_CAPABILITY = (7, 0)") == 1
+    namespace = dict(vars(kernel))
+    exec(wrapper.replace("MIN_CAPABILITY = (7, 0)", f"MIN_CAPABILITY = {literal}"), namespace)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: gpu)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU")
+    gpu_0 = torch.device("cuda", 0)
+    if refused:
+        with pytest.raises(RuntimeError, match=r"^dequantize_nf4: a GPU has compute capability \(6, 1\), below "
+                                               r"this kernel's \(7, 0\)$"):
+            namespace["device_capability"](gpu_0)
+    else:
+        assert namespace["device_capability"](gpu_0) == gpu

@@ -1,12 +1,13 @@
-"""The launch path against the installed Triton's own JIT and launcher, without a GPU (launch_offline.py, two
-stand-in GPUs): every call passes exactly what Triton's own launch of the freshly validated state passes, in the
-format Triton's C launcher parses; each case the launch path's header names takes the launches it says; each
-per-launch state this Triton has (launch hooks, debug mode, an instrumentation mode, a pre-run hook) sends calls
-to Triton's launch while set; a weight whose GPU is not current launches on its own GPU and stream; every field,
-storage swap and in-place change of W changes the key; the kind key tells apart what Triton compiles apart;
-quant states that are not a QuantState get Triton's arguments, bitsandbytes' old list format an error naming
-it; an error a launch raises reaches the caller; a plan keeps its compiled kernel alive; two threads' first calls
-of one kind at once make one kind, and two threads keeping plans at once keep no more than the bound."""
+"""The launch path against the installed Triton's own JIT and launcher, without a GPU (launch_offline.py, two stand-in
+GPUs): every call passes exactly what Triton's own launch of the freshly validated state passes, in the format
+Triton's C launcher parses; each case the launch path's header names takes the launches it says; each per-launch
+state this Triton has (launch hooks, debug mode, an instrumentation mode, a pre-run hook) sends calls to Triton's
+launch while set; the launch cell run again at any step of a first call changes neither its bits nor the plans'
+bound; a weight whose GPU is not current launches on its own GPU and stream; every field, storage swap and in-place
+change of W changes the key; the kind key tells apart what Triton compiles apart; quant states that are not a
+QuantState get Triton's arguments, bitsandbytes' old list format an error naming it; an error a launch raises
+reaches the caller; a plan keeps its compiled kernel alive; two threads' first calls of one kind at once make one
+kind, and two threads keeping plans at once keep no more than the bound."""
 import json
 import subprocess
 import sys
@@ -105,6 +106,17 @@ def test_a_first_call_anywhere_in_a_wrapper_cell_run_leaves_no_plan_the_finished
     # (device_capability, launch_config, launch_arguments, kind_key, launcher_arguments, launch_setup): a first call
     # that took the new validate took them new too
     assert report["a_first_call_at_each_step"] == []
+
+
+def test_the_launch_cell_run_again_at_any_step_of_a_first_call_changes_no_bits_nor_the_bound(report):
+    # the launch cell run again makes new kinds and plans: a first call in flight reads each once, so at every step,
+    # with another thread's first call of another kind and PLANS_KEPT lowered to 1 between, both calls launch what
+    # Triton launches, the plans kept stay within the bound, and both weights' next calls launch as Triton does
+    # (the call keeping its plan in the kinds and plans it read: the old ones, lost); a known kind's call and a new
+    # kind's, each step from the cell run afresh
+    steps = report["the_launch_cell_at_each_step"]
+    assert steps["wrong"] == [], steps["wrong"]
+    assert steps["steps"]["a known kind"] >= 100 and steps["steps"]["a new kind"] >= 100, steps["steps"]
 
 
 @pytest.mark.parametrize("case", ["on GPU 1, GPU 0 current", "on GPU 0, GPU 1 current"])

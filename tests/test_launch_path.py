@@ -187,7 +187,8 @@ def test_bitsandbytes_table_is_kept_once_per_device_and_quant_type(kernel):
 def test_a_plan_holds_no_tensor_but_its_table_and_the_plans_kept_are_bounded(kernel, monkeypatch):
     # a plan holds addresses read off W and its quant state, and of tensors only the table it reads (through
     # new_output, its allocator), the one _TABLES keeps (nothing more stays on the GPU through it); at most
-    # PLANS_KEPT are kept, the first kept dropped first, and a dropped weight plans again on its next call
+    # PLANS_KEPT are kept (when full, all are dropped before the next), and a dropped weight plans again on its
+    # next call
     layers = [_layer(shape=(32, 64), seed=26 + i) for i in range(5)]
     kernel.triton_dequantize_nf4(layers[0])
     plan = _plan(kernel, layers[0].weight, layers[0].weight.quant_state)
