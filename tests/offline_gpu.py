@@ -24,6 +24,9 @@ import os
 import re
 
 os.environ.pop("TRITON_INTERPRET", None)
+# Triton's own ptxas, as a process that never ran torch.compile finds it: Inductor (in a CUDA 13 build of torch) sets
+# TRITON_PTXAS_PATH to torch's ptxas, which a test's subprocess inherits, and that one has no sm_70 (seen on the H200)
+os.environ.pop("TRITON_PTXAS_PATH", None)
 
 import torch  # noqa: E402
 import triton  # noqa: E402
