@@ -33,7 +33,8 @@ def _fuzz(*arguments, timeout=600):
 @pytest.mark.parametrize("seed", ["fixed", "fresh"])
 def test_the_fuzzer_finds_nothing_on_the_stand_in_gpus(seed):
     # item 5: the two within 90 s in CI, where Triton's cache starts empty and each kind a run reaches compiles (about
-    # 0.3 s each, 166 in 800 examples). On a 2-core machine so: 800 each took 133 s and 98 s; 150 each, 36 s and 38 s
+    # 0.3 s each, 166 in 800 examples). Wall time so on a 2-core machine: 800 each, 142 s and 106 s; 150 each, 36 s
+    # and 38 s
     arguments = ["--backend", "stand-in", "--examples", "150", "--steps", "30"]
     report = _fuzz(*arguments, *(["--fixed-seed"] if seed == "fixed" else []))
     # it reaches every outcome: bits through a plan, bits after validation, refusals
