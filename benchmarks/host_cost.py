@@ -6,8 +6,9 @@ results/<gpu>/host_cost.json.
     python -m benchmarks.host_cost
 
 Timed: triton_dequantize_nf4; the floor (HOST_COST_FLOOR); the least reads before it (LEAST_READS); a new weight's
-first call (FIRST_CALL); unsloth's fused path. Many short rounds: the GPU machines' hosts switch between a fast and a
-slow mode within seconds, and a long round can catch one method in the other mode.
+first call (FIRST_CALL); unsloth's fused path; the pieces of a call, each alone (PIECES). Many short rounds: the GPU
+machines' hosts switch between a fast and a slow mode within seconds, and a long round can catch one method in the
+other mode.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import functools
 import operator
 import sys
 import time
+import timeit
 
 import torch
 
@@ -36,8 +38,17 @@ LEAST_READS = ("the floor after only what the launch path's rule must read of a 
 LEAST_READS_PROCEDURE = ("the published procedure's timed loops (per case: up, gate, down, each dequantized, .t(), "
                          "synchronized; 1,000 iterations) by these cells, by LEAST_READS and by unsloth's fused path, "
                          "in rounds, the order rotated; per method the rounds' totals over the cases, their median")
+PIECES = ("each piece of a call alone, as the cells run it on the procedure's first weight (its plan made): Triton's "
+          "state, the rule's key (key_of), LEAST_READS' key, the plan's lookup; a first call's reading of the state, "
+          "its validation, its output and GPU (launch_setup), its launch's arguments and its kind's key; one read of "
+          "a tensor's address. Per round the best of 3 runs of 2,000 calls (timeit, warm: no piece launches, none "
+          "waits for the GPU), the median over 15 rounds")
+LEAST_VALUES = operator.attrgetter("quant_type", "dtype", "shape", "blocksize", "nested")
+LEAST_VALUES2 = operator.attrgetter("blocksize", "dtype", "nested")
 ANOTHER_GPU = ("a weight on cuda:1 (a model split over two GPUs): a later call with cuda:1 current, and with cuda:0 "
-               "current (the launch path makes the weight's GPU current for the launch), ours and unsloth's fused path")
+               "current (the launch path makes the weight's GPU current for the launch), ours and unsloth's fused "
+               "path; in the same rounds, ours on the weight on cuda:0 (the host's speed in those rounds, which may "
+               "differ from the other rounds')")
 
 
 def floor_call(plan):
@@ -55,29 +66,55 @@ def floor_call(plan):
     return floor
 
 
+def least_key(W, q):
+    """LEAST_READS' key of a nested weight's W (its parameter, a Params4bit) and quant state q."""
+    absmax, offset, absmax2, code2 = q.absmax, q.offset, q.state2.absmax, q.state2.code
+    with torch._C.DisableTorchFunctionSubclass():  # (W is a Params4bit)
+        return (W.data_ptr(), W.dtype, W.shape, LEAST_VALUES(q), LEAST_VALUES2(q.state2),
+                absmax.data_ptr(), absmax.dtype, absmax.numel(), offset.data_ptr(), offset.dtype, offset.numel(),
+                absmax2.data_ptr(), absmax2.dtype, absmax2.numel(), code2.data_ptr(), code2.dtype, code2.numel())
+
+
 def least_reads(cells, layers):
     """LEAST_READS for `layers` (nested weights, each with its plan in `cells`): a call taking a layer."""
-    values = operator.attrgetter("quant_type", "dtype", "shape", "blocksize", "nested")
-    values2 = operator.attrgetter("blocksize", "dtype", "nested")
-
-    def key(W, q):
-        absmax, offset, absmax2, code2 = q.absmax, q.offset, q.state2.absmax, q.state2.code
-        with torch._C.DisableTorchFunctionSubclass():  # (W is a Params4bit)
-            return (W.data_ptr(), W.dtype, W.shape, values(q), values2(q.state2),
-                    absmax.data_ptr(), absmax.dtype, absmax.numel(), offset.data_ptr(), offset.dtype, offset.numel(),
-                    absmax2.data_ptr(), absmax2.dtype, absmax2.numel(), code2.data_ptr(), code2.dtype, code2.numel())
-
     floors = {}
     for layer in layers:
         W, q = layer.weight, layer.weight.quant_state
-        floors[key(W, q)] = floor_call(cells._plans[cells.key_of(W, q)[0]])
+        floors[least_key(W, q)] = floor_call(cells._plans[cells.key_of(W, q)[0]])
 
     def call(layer):
         W = layer._parameters["weight"]
         if not cells.triton_launch_is_plain():
             raise RuntimeError("a Triton hook or mode is set: LEAST_READS times plain launches only")
-        return floors[key(W, W.quant_state)]()
+        return floors[least_key(W, W.quant_state)]()
     return call
+
+
+def call_pieces(cells, layer, rounds: int = 15, calls: int = 2000) -> dict:
+    """PIECES of a later and of a first call of `layer` (its plan made), each as the cells run it, in `rounds`
+    interleaved rounds."""
+    W, q = layer._parameters["weight"], layer.weight.quant_state
+    key = cells.key_of(W, q)[0]
+    state = cells.read_state(W, q)
+    layout = cells.validate(W, q, state)
+    capability, config, out, _ = cells.launch_setup(layout)
+    grid, args, constexprs, options = cells.launch_arguments(layout, out, config, capability)
+    pieces = {"triton_launch_is_plain": cells.triton_launch_is_plain,
+              "key_of": lambda: cells.key_of(W, q),
+              "least_key": lambda: least_key(W, q),
+              "_plans.get": lambda: cells._plans.get(key),
+              "read_state": lambda: cells.read_state(W, q),
+              "validate": lambda: cells.validate(W, q, state),
+              "launch_setup": lambda: cells.launch_setup(layout),
+              "launch_arguments": lambda: cells.launch_arguments(layout, out, config, capability),
+              "kind_key": lambda: cells.kind_key(cells._dequantize_4bit_kernel, args, constexprs, options, 0),
+              "one address (absmax.data_ptr())": q.absmax.data_ptr}
+    samples = {name: [] for name in pieces}
+    for _ in range(rounds):
+        for name, piece in pieces.items():
+            samples[name].append(min(timeit.repeat(piece, number=calls, repeat=3)) / calls * 1e6)
+    median = {name: sorted(values)[rounds // 2] for name, values in samples.items()}
+    return {"what": PIECES, "rounds_us": samples, "median_us": median}
 
 
 def least_reads_procedure(cells, fused, rounds: int = 5) -> dict:
@@ -140,27 +177,32 @@ def host_cost(cells, rounds: int = 45, calls: int = 200) -> dict:
              "median_us": median, "ours_over_floor": median["ours"] / median["floor"],
              "least_reads_over_floor": median["least_reads"] / median["floor"],
              "first_call_over_fused": median["first_call"] / fused if fused else None, "skipped_baselines": skipped}
+    table["pieces"] = call_pieces(cells, layer)
     if torch.cuda.device_count() > 1:
-        table["another_gpu"] = another_gpu(cells, methods, rounds, calls)
+        table["another_gpu"] = another_gpu(cells, methods, rounds, calls, layer)
     if fused:
         table["least_reads_procedure"] = least_reads_procedure(cells, methods["unsloth_fused"])
     return table
 
 
-def another_gpu(cells, methods, rounds: int, calls: int) -> dict:
+def another_gpu(cells, methods, rounds: int, calls: int, first_gpus_layer) -> dict:
     """ANOTHER_GPU: the procedure's first weight on cuda:1, a later call timed with cuda:1 current and with
-    cuda:0 current, ours and (where installed) unsloth's fused path; each output checked against bitsandbytes."""
+    cuda:0 current, ours and (where installed) unsloth's fused path; each output checked against bitsandbytes. In the
+    same rounds, ours on `first_gpus_layer` (the weight on cuda:0, cuda:0 current): the host's mode then."""
     import bitsandbytes.functional as bnbf
     layer = helpers.make_layer(*helpers.KERNEL_SHAPES[0], device="cuda:1")
     reference = bnbf.dequantize_4bit(layer.weight, layer.weight.quant_state)
     methods = {"ours": cells.triton_dequantize_nf4, **{name: fn for name, fn in methods.items() if name == "unsloth_fused"}}
     samples = {f"{name}, cuda:{current} current": [] for current in (1, 0) for name in methods}
+    samples["ours, a weight on cuda:0, cuda:0 current"] = []
     for _ in range(rounds):
         for current in (1, 0):
             torch.cuda.set_device(current)
             for name, fn in methods.items():
                 assert torch.equal(fn(layer), reference), (name, current)
                 samples[f"{name}, cuda:{current} current"].append(host_time_on_gpu_1(lambda: fn(layer), calls))
+        on_the_first_gpu = timing.host_time(lambda: cells.triton_dequantize_nf4(first_gpus_layer), calls=calls)
+        samples["ours, a weight on cuda:0, cuda:0 current"].append(on_the_first_gpu.median_us)
     torch.cuda.set_device(0)
     median = {name: sorted(values)[rounds // 2] for name, values in samples.items()}
     ours_gap = median["ours, cuda:0 current"] - median["ours, cuda:1 current"]
@@ -193,6 +235,7 @@ def main():
         print({name: round(us, 2) for name, us in table["another_gpu"]["median_us"].items()})
     if "least_reads_procedure" in table:
         print({name: round(s, 3) for name, s in table["least_reads_procedure"]["median_s"].items()})
+    print({name: round(us, 2) for name, us in table["pieces"]["median_us"].items()})
     path = helpers.results_dir(env) / "host_cost.json"
     print("wrote", helpers.write_results(path, env, {"host_cost": timing.HOST_TIME_METHOD}, host_cost=table))
 
