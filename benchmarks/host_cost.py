@@ -37,18 +37,22 @@ LEAST_READS = ("the floor after only what the launch path's rule must read of a 
                "measured, not a proof that none is leaner")
 LEAST_READS_PROCEDURE = ("the published procedure's timed loops (per case: up, gate, down, each dequantized, .t(), "
                          "synchronized; 1,000 iterations) by these cells, by LEAST_READS and by unsloth's fused path, "
-                         "in rounds, the order rotated; per method the rounds' totals over the cases, their median")
-PIECES = ("each piece of a call alone, as the cells run it on the procedure's first weight (its plan made): Triton's "
-          "state, the rule's key (key_of), LEAST_READS' key, the plan's lookup; a first call's reading of the state, "
-          "its validation, its output and GPU (launch_setup), its launch's arguments and its kind's key; one read of "
-          "a tensor's address. Per round the best of 3 runs of 2,000 calls (timeit, warm: no piece launches, none "
-          "waits for the GPU), the median over 15 rounds")
-LEAST_VALUES = operator.attrgetter("quant_type", "dtype", "shape", "blocksize", "nested")
-LEAST_VALUES2 = operator.attrgetter("blocksize", "dtype", "nested")
+                         "in rounds, the order rotated; per method the rounds' totals over the cases, their median; "
+                         "a ratio is the median over rounds of the two methods' totals in a round")
+PIECES = ("some pieces of a call, each timed alone in a loop of its own, as the cells run it on the procedure's first "
+          "weight: Triton's state, the rule's key (key_of), LEAST_READS' key, the plan's lookup; a first call's "
+          "reading of the state, its validation (of the state read; validation caches nothing), its output and the "
+          "context that makes its GPU current (launch_setup), its launch's arguments and its kind's key; one read "
+          "of a tensor's address; an empty call (timeit's own cost per call). Per round the best of 3 runs of 2,000 "
+          "calls (timeit: each piece repeated, its data in cache, gc off; none launches or waits for the GPU), the "
+          "median over 15 rounds. What a piece costs repeated, not its share of a call: they do not add up to one, "
+          "and a call's other parts (the launch, the GPU switch, the plan's making and keeping) are not timed")
 ANOTHER_GPU = ("a weight on cuda:1 (a model split over two GPUs): a later call with cuda:1 current, and with cuda:0 "
                "current (the launch path makes the weight's GPU current for the launch), ours and unsloth's fused "
-               "path; in the same rounds, ours on the weight on cuda:0 (the host's speed in those rounds, which may "
-               "differ from the other rounds')")
+               "path; in the same rounds, ours on the weight on cuda:0. Each timed alike (the weight's GPU "
+               "synchronized before each call), the order rotated; a difference is the median over rounds of the "
+               "two times' difference in a round (the host switches speed between rounds)")
+RATIOS = "each ratio: the median over rounds of the two calls' medians' ratio in a round"
 
 
 def floor_call(plan):
@@ -64,6 +68,10 @@ def floor_call(plan):
                      compiled.packed_metadata, None, None, None, *plan.before_out, out.data_ptr(), *plan.after_out)
         return out
     return floor
+
+
+LEAST_VALUES = operator.attrgetter("quant_type", "dtype", "shape", "blocksize", "nested")
+LEAST_VALUES2 = operator.attrgetter("blocksize", "dtype", "nested")
 
 
 def least_key(W, q):
@@ -91,24 +99,28 @@ def least_reads(cells, layers):
 
 
 def call_pieces(cells, layer, rounds: int = 15, calls: int = 2000) -> dict:
-    """PIECES of a later and of a first call of `layer` (its plan made), each as the cells run it, in `rounds`
-    interleaved rounds."""
+    """PIECES of a later and of a first call of `layer` (whose plan is made: read_state and validate cache nothing,
+    so they run as in a first call), each as the cells run it, in `rounds` interleaved rounds."""
     W, q = layer._parameters["weight"], layer.weight.quant_state
     key = cells.key_of(W, q)[0]
     state = cells.read_state(W, q)
     layout = cells.validate(W, q, state)
     capability, config, out, _ = cells.launch_setup(layout)
     grid, args, constexprs, options = cells.launch_arguments(layout, out, config, capability)
+    key_of, plans, read_state, validate = cells.key_of, cells._plans, cells.read_state, cells.validate
+    launch_setup, launch_arguments, kind_key = cells.launch_setup, cells.launch_arguments, cells.kind_key
+    kernel, gpu, absmax = cells._dequantize_4bit_kernel, layout.packed.get_device(), q.absmax
     pieces = {"triton_launch_is_plain": cells.triton_launch_is_plain,
-              "key_of": lambda: cells.key_of(W, q),
+              "key_of": lambda: key_of(W, q),
               "least_key": lambda: least_key(W, q),
-              "_plans.get": lambda: cells._plans.get(key),
-              "read_state": lambda: cells.read_state(W, q),
-              "validate": lambda: cells.validate(W, q, state),
-              "launch_setup": lambda: cells.launch_setup(layout),
-              "launch_arguments": lambda: cells.launch_arguments(layout, out, config, capability),
-              "kind_key": lambda: cells.kind_key(cells._dequantize_4bit_kernel, args, constexprs, options, 0),
-              "one address (absmax.data_ptr())": q.absmax.data_ptr}
+              "_plans.get": lambda: plans.get(key),
+              "read_state": lambda: read_state(W, q),
+              "validate": lambda: validate(W, q, state),
+              "launch_setup": lambda: launch_setup(layout),
+              "launch_arguments": lambda: launch_arguments(layout, out, config, capability),
+              "kind_key": lambda: kind_key(kernel, args, constexprs, options, gpu),
+              "absmax.data_ptr": lambda: absmax.data_ptr(),
+              "an empty call": lambda: None}
     samples = {name: [] for name in pieces}
     for _ in range(rounds):
         for name, piece in pieces.items():
@@ -117,9 +129,15 @@ def call_pieces(cells, layer, rounds: int = 15, calls: int = 2000) -> dict:
     return {"what": PIECES, "rounds_us": samples, "median_us": median}
 
 
+def median_over_rounds(first, second, combine):
+    """The median over rounds of combine(first's time, second's time in the same round)."""
+    values = sorted(map(combine, first, second))
+    return values[len(values) // 2]
+
+
 def least_reads_procedure(cells, fused, rounds: int = 5) -> dict:
-    """LEAST_READS_PROCEDURE, every output checked against bitsandbytes first; the fused path's median over ours and
-    over LEAST_READS'."""
+    """LEAST_READS_PROCEDURE, every output checked against bitsandbytes first; the fused path's time over ours and
+    over LEAST_READS', round by round."""
     seconds = {name: [0.0] * rounds for name in ("ours", "least_reads", "unsloth_fused")}
     for _, _, hd, m, _, dtype in helpers.PROCEDURE_CASES:
         mlp = helpers.MLP(hd, m, dtype, "cuda")
@@ -138,8 +156,9 @@ def least_reads_procedure(cells, fused, rounds: int = 5) -> dict:
                 seconds[name][r] += sum(timing.timed_calls(methods[name], layers, 1000))
     median = {name: sorted(values)[rounds // 2] for name, values in seconds.items()}
     return {"what": LEAST_READS_PROCEDURE, "rounds_s": seconds, "median_s": median,
-            "fused_over_ours": median["unsloth_fused"] / median["ours"],
-            "fused_over_least_reads": median["unsloth_fused"] / median["least_reads"]}
+            "fused_over_ours": median_over_rounds(seconds["unsloth_fused"], seconds["ours"], operator.truediv),
+            "fused_over_least_reads": median_over_rounds(seconds["unsloth_fused"], seconds["least_reads"],
+                                                         operator.truediv)}
 
 
 def fresh_states(q, count):
@@ -152,7 +171,7 @@ def fresh_states(q, count):
 
 def host_cost(cells, rounds: int = 45, calls: int = 200) -> dict:
     """Every call above timed in `rounds` interleaved rounds of `calls`, each output checked against bitsandbytes
-    first; the median of the round medians, and the ratios the README quotes."""
+    first; the median of the round medians, and the ratios the README quotes (RATIOS)."""
     layer = helpers.make_layer(*helpers.KERNEL_SHAPES[0])
     W, q = layer.weight, layer.weight.quant_state
     reference = helpers.bitsandbytes_bits(layer)
@@ -171,12 +190,15 @@ def host_cost(cells, rounds: int = 45, calls: int = 200) -> dict:
         for name, fn in timed.items():
             samples[name].append(timing.host_time(fn, calls=calls).median_us)
     median = {name: sorted(values)[rounds // 2] for name, values in samples.items()}
-    fused = median.get("unsloth_fused")
+    fused = samples.get("unsloth_fused")
     table = {"layer": str(helpers.KERNEL_SHAPES[0]), "method": timing.HOST_TIME_METHOD, "floor": HOST_COST_FLOOR,
              "least_reads": LEAST_READS, "first_call": FIRST_CALL, "calls_per_round": calls, "rounds_us": samples,
-             "median_us": median, "ours_over_floor": median["ours"] / median["floor"],
-             "least_reads_over_floor": median["least_reads"] / median["floor"],
-             "first_call_over_fused": median["first_call"] / fused if fused else None, "skipped_baselines": skipped}
+             "median_us": median, "ratios": RATIOS,
+             "ours_over_floor": median_over_rounds(samples["ours"], samples["floor"], operator.truediv),
+             "least_reads_over_floor": median_over_rounds(samples["least_reads"], samples["floor"], operator.truediv),
+             "first_call_over_fused": None if fused is None else median_over_rounds(samples["first_call"], fused,
+                                                                                     operator.truediv),
+             "skipped_baselines": skipped}
     table["pieces"] = call_pieces(cells, layer)
     if torch.cuda.device_count() > 1:
         table["another_gpu"] = another_gpu(cells, methods, rounds, calls, layer)
@@ -185,41 +207,51 @@ def host_cost(cells, rounds: int = 45, calls: int = 200) -> dict:
     return table
 
 
-def another_gpu(cells, methods, rounds: int, calls: int, first_gpus_layer) -> dict:
+def another_gpu(cells, methods, rounds: int, calls: int, layer_on_gpu_0) -> dict:
     """ANOTHER_GPU: the procedure's first weight on cuda:1, a later call timed with cuda:1 current and with
-    cuda:0 current, ours and (where installed) unsloth's fused path; each output checked against bitsandbytes. In the
-    same rounds, ours on `first_gpus_layer` (the weight on cuda:0, cuda:0 current): the host's mode then."""
+    cuda:0 current, ours and (where installed) unsloth's fused path, and ours on `layer_on_gpu_0` with cuda:0
+    current; each output checked against bitsandbytes in every round."""
     import bitsandbytes.functional as bnbf
-    layer = helpers.make_layer(*helpers.KERNEL_SHAPES[0], device="cuda:1")
-    reference = bnbf.dequantize_4bit(layer.weight, layer.weight.quant_state)
-    methods = {"ours": cells.triton_dequantize_nf4, **{name: fn for name, fn in methods.items() if name == "unsloth_fused"}}
-    samples = {f"{name}, cuda:{current} current": [] for current in (1, 0) for name in methods}
-    samples["ours, a weight on cuda:0, cuda:0 current"] = []
-    for _ in range(rounds):
-        for current in (1, 0):
+    layer_on_gpu_1 = helpers.make_layer(*helpers.KERNEL_SHAPES[0], device="cuda:1")
+    on_gpu_1 = (layer_on_gpu_1, bnbf.dequantize_4bit(layer_on_gpu_1.weight, layer_on_gpu_1.weight.quant_state))
+    on_gpu_0 = (layer_on_gpu_0, helpers.bitsandbytes_bits(layer_on_gpu_0))
+    ours = cells.triton_dequantize_nf4
+    calls_timed = {f"{name}, cuda:{current} current": (fn, current, on_gpu_1)
+                   for current in (1, 0) for name, fn in methods.items() if name in ("ours", "unsloth_fused")}
+    calls_timed["ours, a weight on cuda:0, cuda:0 current"] = (ours, 0, on_gpu_0)
+    samples = {name: [] for name in calls_timed}
+    names = list(calls_timed)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn, current, (layer, reference) = calls_timed[name]
             torch.cuda.set_device(current)
-            for name, fn in methods.items():
-                assert torch.equal(fn(layer), reference), (name, current)
-                samples[f"{name}, cuda:{current} current"].append(host_time_on_gpu_1(lambda: fn(layer), calls))
-        on_the_first_gpu = timing.host_time(lambda: cells.triton_dequantize_nf4(first_gpus_layer), calls=calls)
-        samples["ours, a weight on cuda:0, cuda:0 current"].append(on_the_first_gpu.median_us)
+            assert torch.equal(fn(layer), reference), name
+            samples[name].append(host_time_on(layer.weight.device, functools.partial(fn, layer), calls))
     torch.cuda.set_device(0)
     median = {name: sorted(values)[rounds // 2] for name, values in samples.items()}
-    ours_gap = median["ours, cuda:0 current"] - median["ours, cuda:1 current"]
-    return {"what": ANOTHER_GPU, "rounds_us": samples, "median_us": median, "ours_other_minus_own_us": ours_gap}
+    differences = {"ours, cuda:0 current minus cuda:1 current": ("ours, cuda:0 current", "ours, cuda:1 current"),
+                   "ours, cuda:1 current minus the weight on cuda:0": ("ours, cuda:1 current",
+                                                                       "ours, a weight on cuda:0, cuda:0 current"),
+                   "unsloth_fused, cuda:0 current minus cuda:1 current": ("unsloth_fused, cuda:0 current",
+                                                                          "unsloth_fused, cuda:1 current")}
+    difference_us = {what: median_over_rounds(samples[first], samples[second], operator.sub)
+                     for what, (first, second) in differences.items() if second in samples and first in samples}
+    return {"what": ANOTHER_GPU, "rounds_us": samples, "median_us": median, "difference_us": difference_us}
 
 
-def host_time_on_gpu_1(fn, calls: int) -> float:
-    """timing.host_time's median for a call whose GPU work runs on cuda:1, whichever GPU is current: cuda:1 is
-    synchronized (untimed) before each call."""
+def host_time_on(device, fn, calls: int) -> float:
+    """timing.host_time's median for a call whose GPU work runs on `device`, whichever GPU is current: 20 calls
+    first, untimed, then `device` synchronized (untimed) before each timed call."""
+    for _ in range(20):
+        fn()
     samples = []
     for _ in range(calls):
-        torch.cuda.synchronize(1)
+        torch.cuda.synchronize(device)
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1e6)
-    torch.cuda.synchronize(1)
-    return sorted(samples)[calls // 2]
+    torch.cuda.synchronize(device)
+    return timing.Timing.of(samples).median_us
 
 
 def main():
@@ -233,11 +265,13 @@ def main():
           f"first call/fused {table['first_call_over_fused'] or float('nan'):.3f}")
     if "another_gpu" in table:
         print({name: round(us, 2) for name, us in table["another_gpu"]["median_us"].items()})
+        print({what: round(us, 2) for what, us in table["another_gpu"]["difference_us"].items()})
     if "least_reads_procedure" in table:
         print({name: round(s, 3) for name, s in table["least_reads_procedure"]["median_s"].items()})
     print({name: round(us, 2) for name, us in table["pieces"]["median_us"].items()})
     path = helpers.results_dir(env) / "host_cost.json"
-    print("wrote", helpers.write_results(path, env, {"host_cost": timing.HOST_TIME_METHOD}, host_cost=table))
+    print("wrote", helpers.write_results(path, env, {"host_cost": timing.HOST_TIME_METHOD, "pieces": PIECES},
+                                       host_cost=table))
 
 
 if __name__ == "__main__":
