@@ -51,8 +51,10 @@ ANOTHER_GPU = ("a weight on cuda:1 (a model split over two GPUs): a later call w
                "current (the launch path makes the weight's GPU current for the launch), ours and unsloth's fused "
                "path; in the same rounds, ours on the weight on cuda:0. Each timed alike (the weight's GPU "
                "synchronized before each call), the order rotated; a difference is the median over rounds of the "
-               "two times' difference in a round (the host switches speed between rounds)")
-RATIOS = "each ratio: the median over rounds of the two calls' medians' ratio in a round"
+               "two times' difference in a round, with its quartiles (the host switches speed within seconds: "
+               "between rounds, and at times within one)")
+RATIOS = ("each ratio: the median over rounds of the two calls' medians' ratio in a round (the calls' order rotated "
+          "round by round)")
 
 
 def floor_call(plan):
@@ -129,10 +131,9 @@ def call_pieces(cells, layer, rounds: int = 15, calls: int = 2000) -> dict:
     return {"what": PIECES, "rounds_us": samples, "median_us": median}
 
 
-def median_over_rounds(first, second, combine):
-    """The median over rounds of combine(first's time, second's time in the same round)."""
-    values = sorted(map(combine, first, second))
-    return values[len(values) // 2]
+def over_rounds(first, second, combine, q: float = 0.5):
+    """The q-quantile (the median unless told) over rounds of combine(first's time, second's in the same round)."""
+    return helpers.quantile([combine(a, b) for a, b in zip(first, second, strict=True)], q)
 
 
 def least_reads_procedure(cells, fused, rounds: int = 5) -> dict:
@@ -156,9 +157,8 @@ def least_reads_procedure(cells, fused, rounds: int = 5) -> dict:
                 seconds[name][r] += sum(timing.timed_calls(methods[name], layers, 1000))
     median = {name: sorted(values)[rounds // 2] for name, values in seconds.items()}
     return {"what": LEAST_READS_PROCEDURE, "rounds_s": seconds, "median_s": median,
-            "fused_over_ours": median_over_rounds(seconds["unsloth_fused"], seconds["ours"], operator.truediv),
-            "fused_over_least_reads": median_over_rounds(seconds["unsloth_fused"], seconds["least_reads"],
-                                                         operator.truediv)}
+            "fused_over_ours": over_rounds(seconds["unsloth_fused"], seconds["ours"], operator.truediv),
+            "fused_over_least_reads": over_rounds(seconds["unsloth_fused"], seconds["least_reads"], operator.truediv)}
 
 
 def fresh_states(q, count):
@@ -186,18 +186,21 @@ def host_cost(cells, rounds: int = 45, calls: int = 200) -> dict:
         timed["unsloth_fused"] = lambda: methods["unsloth_fused"](layer)
     assert all(torch.equal(timed[name](), reference) for name in timed)
     samples = {name: [] for name in timed}
-    for _ in range(rounds):
-        for name, fn in timed.items():
-            samples[name].append(timing.host_time(fn, calls=calls).median_us)
+    names = list(timed)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            samples[name].append(timing.host_time(timed[name], calls=calls).median_us)
     median = {name: sorted(values)[rounds // 2] for name, values in samples.items()}
     fused = samples.get("unsloth_fused")
+    first_call_over_fused = None  # (no fused path installed)
+    if fused is not None:
+        first_call_over_fused = over_rounds(samples["first_call"], fused, operator.truediv)
     table = {"layer": str(helpers.KERNEL_SHAPES[0]), "method": timing.HOST_TIME_METHOD, "floor": HOST_COST_FLOOR,
              "least_reads": LEAST_READS, "first_call": FIRST_CALL, "calls_per_round": calls, "rounds_us": samples,
              "median_us": median, "ratios": RATIOS,
-             "ours_over_floor": median_over_rounds(samples["ours"], samples["floor"], operator.truediv),
-             "least_reads_over_floor": median_over_rounds(samples["least_reads"], samples["floor"], operator.truediv),
-             "first_call_over_fused": None if fused is None else median_over_rounds(samples["first_call"], fused,
-                                                                                     operator.truediv),
+             "ours_over_floor": over_rounds(samples["ours"], samples["floor"], operator.truediv),
+             "least_reads_over_floor": over_rounds(samples["least_reads"], samples["floor"], operator.truediv),
+             "first_call_over_fused": first_call_over_fused,
              "skipped_baselines": skipped}
     table["pieces"] = call_pieces(cells, layer)
     if torch.cuda.device_count() > 1:
@@ -227,6 +230,7 @@ def another_gpu(cells, methods, rounds: int, calls: int, layer_on_gpu_0) -> dict
             torch.cuda.set_device(current)
             assert torch.equal(fn(layer), reference), name
             samples[name].append(host_time_on(layer.weight.device, functools.partial(fn, layer), calls))
+            assert torch.cuda.current_device() == current, f"{name} left another GPU current"
     torch.cuda.set_device(0)
     median = {name: sorted(values)[rounds // 2] for name, values in samples.items()}
     differences = {"ours, cuda:0 current minus cuda:1 current": ("ours, cuda:0 current", "ours, cuda:1 current"),
@@ -234,9 +238,13 @@ def another_gpu(cells, methods, rounds: int, calls: int, layer_on_gpu_0) -> dict
                                                                        "ours, a weight on cuda:0, cuda:0 current"),
                    "unsloth_fused, cuda:0 current minus cuda:1 current": ("unsloth_fused, cuda:0 current",
                                                                           "unsloth_fused, cuda:1 current")}
-    difference_us = {what: median_over_rounds(samples[first], samples[second], operator.sub)
-                     for what, (first, second) in differences.items() if second in samples and first in samples}
-    return {"what": ANOTHER_GPU, "rounds_us": samples, "median_us": median, "difference_us": difference_us}
+    measured = {what: pair for what, pair in differences.items() if set(pair) <= set(samples)}
+    difference_us = {what: over_rounds(samples[first], samples[second], operator.sub)
+                     for what, (first, second) in measured.items()}
+    quartiles_us = {what: [over_rounds(samples[first], samples[second], operator.sub, q) for q in (0.25, 0.75)]
+                    for what, (first, second) in measured.items()}
+    return {"what": ANOTHER_GPU, "rounds_us": samples, "median_us": median, "difference_us": difference_us,
+            "difference_quartiles_us": quartiles_us}
 
 
 def host_time_on(device, fn, calls: int) -> float:
