@@ -108,9 +108,10 @@ def l2_flush() -> L2Flush:
     return _FLUSHES[device]
 
 
-def synchronize():
+def synchronize(device=None):
+    """Wait for `device`'s GPU work (the current GPU's unless told); nothing without a GPU."""
     if torch.cuda.is_available():
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
 
 
 def calls_between_flushes(events: Iterable[DeviceEvent]) -> list[list[DeviceEvent]]:
@@ -171,18 +172,19 @@ def gpu_time(fn: Callable[[], object], calls: int = 100, flush: L2Flush | None =
     return Timing.of(*gpu_samples(fn, calls, flush or l2_flush()))
 
 
-def host_time(fn: Callable[[], object], calls: int = 500) -> Timing:
+def host_time(fn: Callable[[], object], calls: int = 500, device=None) -> Timing:
     """Host time of one call of fn (HOST_TIME_METHOD): the GPU is idle when each call starts, as after
-    the procedure's synchronize, so no call waits behind another's GPU work."""
+    the procedure's synchronize, so no call waits behind another's GPU work. `device`: the GPU fn's work
+    runs on, where it is not the current one."""
     for _ in range(20):
         fn()
     samples = []
     for _ in range(calls):
-        synchronize()
+        synchronize(device)
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1e6)
-    synchronize()
+    synchronize(device)
     return Timing.of(samples)
 
 

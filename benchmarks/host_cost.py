@@ -16,7 +16,6 @@ import copy
 import functools
 import operator
 import sys
-import time
 import timeit
 
 import torch
@@ -108,7 +107,7 @@ def call_pieces(cells, layer, rounds: int = 15, calls: int = 2000) -> dict:
     state = cells.read_state(W, q)
     layout = cells.validate(W, q, state)
     capability, config, out, _ = cells.launch_setup(layout)
-    grid, args, constexprs, options = cells.launch_arguments(layout, out, config, capability)
+    _, args, constexprs, options = cells.launch_arguments(layout, out, config, capability)
     key_of, plans, read_state, validate = cells.key_of, cells._plans, cells.read_state, cells.validate
     launch_setup, launch_arguments, kind_key = cells.launch_setup, cells.launch_arguments, cells.kind_key
     kernel, gpu, absmax = cells._dequantize_4bit_kernel, layout.packed.get_device(), q.absmax
@@ -218,10 +217,9 @@ def another_gpu(cells, methods, rounds: int, calls: int, layer_on_gpu_0) -> dict
     layer_on_gpu_1 = helpers.make_layer(*helpers.KERNEL_SHAPES[0], device="cuda:1")
     on_gpu_1 = (layer_on_gpu_1, bnbf.dequantize_4bit(layer_on_gpu_1.weight, layer_on_gpu_1.weight.quant_state))
     on_gpu_0 = (layer_on_gpu_0, helpers.bitsandbytes_bits(layer_on_gpu_0))
-    ours = cells.triton_dequantize_nf4
     calls_timed = {f"{name}, cuda:{current} current": (fn, current, on_gpu_1)
                    for current in (1, 0) for name, fn in methods.items() if name in ("ours", "unsloth_fused")}
-    calls_timed["ours, a weight on cuda:0, cuda:0 current"] = (ours, 0, on_gpu_0)
+    calls_timed["ours, a weight on cuda:0, cuda:0 current"] = (methods["ours"], 0, on_gpu_0)
     samples = {name: [] for name in calls_timed}
     names = list(calls_timed)
     for r in range(rounds):
@@ -229,7 +227,8 @@ def another_gpu(cells, methods, rounds: int, calls: int, layer_on_gpu_0) -> dict
             fn, current, (layer, reference) = calls_timed[name]
             torch.cuda.set_device(current)
             assert torch.equal(fn(layer), reference), name
-            samples[name].append(host_time_on(layer.weight.device, functools.partial(fn, layer), calls))
+            timed = timing.host_time(functools.partial(fn, layer), calls=calls, device=layer.weight.device)
+            samples[name].append(timed.median_us)
             assert torch.cuda.current_device() == current, f"{name} left another GPU current"
     torch.cuda.set_device(0)
     median = {name: sorted(values)[rounds // 2] for name, values in samples.items()}
@@ -245,21 +244,6 @@ def another_gpu(cells, methods, rounds: int, calls: int, layer_on_gpu_0) -> dict
                     for what, (first, second) in measured.items()}
     return {"what": ANOTHER_GPU, "rounds_us": samples, "median_us": median, "difference_us": difference_us,
             "difference_quartiles_us": quartiles_us}
-
-
-def host_time_on(device, fn, calls: int) -> float:
-    """timing.host_time's median for a call whose GPU work runs on `device`, whichever GPU is current: 20 calls
-    first, untimed, then `device` synchronized (untimed) before each timed call."""
-    for _ in range(20):
-        fn()
-    samples = []
-    for _ in range(calls):
-        torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e6)
-    torch.cuda.synchronize(device)
-    return timing.Timing.of(samples).median_us
 
 
 def main():
