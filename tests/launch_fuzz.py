@@ -33,10 +33,10 @@ stages inspection hook (3.7+), a pre-run hook and the kernel's own debug flag, a
 is set to go through Triton's launch; set CONFIG_OVERRIDE, change a LAUNCH_CONFIGS entry in place, keep at most one
 or two plans; run the wrapper cell again, as it is or with its blocksize check edited (CONFIG_OVERRIDE set again, the same
 object, or not); assign BLOCKSIZES from another cell (without 4096, as a list, 4096 removed from that list in
-place, holding a list); drop the kept tables (freed unless a plan holds one); make a first call under torch's default dtype bfloat16;
+place, holding a list); drop the kept tables (freed unless a plan holds one); make a first call under torch's default dtype bfloat16, float16 or float64;
 set a state2.blocksize of 4, 8 or 16 with a state2.absmax to match; give the offset more dimensions than absmax;
 call (a weight's first or not) while torch.empty or torch.empty_strided makes meta tensors, as accelerate's
-init_empty_weights made it; call under a FakeTensorMode, a FlopCounterMode and make_fx (whose graph must hold the kernel); make two threads' first calls race for a table; on a GPU, capture a call in a CUDA graph (a process's first or not), replay it or not
+init_empty_weights made it; call under a FakeTensorMode, a FlopCounterMode and make_fx (whose graph must hold the kernel), and under torch.func's grad, vmap and vmap of grad; make two threads' first calls race for a table; on a GPU, capture a call in a CUDA graph (a process's first or not), replay it or not
 before eager calls, delete the graphs, empty the cache and allocate over the freed blocks.
 
     python tests/launch_fuzz.py --backend stand-in|gpu [--examples N] [--steps K] [--gpus G] [--fixed-seed] [--no-shrink]
@@ -140,15 +140,21 @@ class StandIn:
         self.watch_tables()
 
     def watch_tables(self):
-        """Watch each table the cells make from now on (again after the wrapper cell runs: it imports its maker)."""
-        make = self.kernel.get_4bit_type
+        """Watch each table the cells make from now on (again after the wrapper cell runs: it defines its maker and
+        decodes the codebooks whose copies, on the CPU themselves, are the kept tables)."""
+        make = self.kernel.bitsandbytes_codebook
 
         def making(quant_type, device):
-            table = make(quant_type, device)
-            self.tables.append(weakref.ref(table))
-            self.made_anew(table)
-            return table
-        self.kernel.get_4bit_type = making
+            return self.watch_table(make(quant_type, device))
+        self.kernel.bitsandbytes_codebook = making
+        for table in self.kernel._CODEBOOKS.values():
+            self.watch_table(table)
+
+    def watch_table(self, table):
+        """Watch a table the cells made; returns it."""
+        self.tables.append(weakref.ref(table))
+        self.made_anew(table)
+        return table
 
     def made_anew(self, tensor):
         """Watch tensor (a table, a copy a field made for one read): no launch may read its memory once freed. Its
@@ -161,8 +167,10 @@ class StandIn:
         return any(reference() is storage for reference, _ in self.made)
 
     def forget(self):
-        """A new example: nothing made before it is watched."""
+        """A new example: nothing made before it is watched but the codebooks the wrapper cell decoded."""
         del self.made[:], self.tables[:]
+        for table in self.kernel._CODEBOOKS.values():
+            self.watch_table(table)
 
     def _copies_marked(self, records):
         """Launch records with each address a watched tensor had written as COPY (each call reads its own copies
@@ -329,7 +337,7 @@ class Gpu:
         self.gpus = gpus
         self.kernel = load_kernel_cells()
         self.device = torch.device("cuda", 0)
-        self.graphs = []
+        self.graphs, self.tables = [], []  # (no table watched: a launch on freed memory shows in the bits)
 
     def to_gpu(self, tensor, gpu):
         """A copy of tensor on GPU `gpu` (-1: the CPU, where a change moved a field)."""
@@ -343,6 +351,10 @@ class Gpu:
 
     def watch_tables(self):
         """(Nothing watched.)"""
+
+    def watch_table(self, table):
+        """(Nothing watched.)"""
+        return table
 
     def freed_reads(self, launches, ours, validated):
         """(A launch on freed memory shows in the bits.)"""
@@ -1178,14 +1190,16 @@ def make_machine(backend):
             for weight in (first, second):
                 self._drop_the_plan(weight.W, weight.q)
             both_making, first_returned = threading.Barrier(2, timeout=5), threading.Event()
-            make = kernel.get_4bit_type
+            codebooks = kernel._CODEBOOKS
 
-            def racing(quant_type, device):
-                both_making.wait()
-                table = make(quant_type, device)
-                if threading.current_thread().name == "second":
-                    first_returned.wait(timeout=2)
-                return table
+            class Racing(dict):
+                """The codebooks, each thread's read of one a table of its own (as two copies to a GPU are)."""
+                def __getitem__(self, quant_type):
+                    both_making.wait()
+                    table = backend.watch_table(codebooks[quant_type].clone())
+                    if threading.current_thread().name == "second":
+                        first_returned.wait(timeout=2)
+                    return table
 
             errors = []
 
@@ -1200,14 +1214,14 @@ def make_machine(backend):
 
             threads = [threading.Thread(target=work, name=name, args=(weight,))
                        for name, weight in (("first", first), ("second", second))]
-            kernel.get_4bit_type = racing
+            kernel._CODEBOOKS = Racing(codebooks)
             try:
                 for thread in threads:
                     thread.start()
                 for thread in threads:
                     thread.join()
             finally:
-                kernel.get_4bit_type = make
+                kernel._CODEBOOKS = codebooks
             for error in errors:
                 if not str(error).startswith(NAMED):
                     raise Finding(f"a racing first call raised {type(error).__name__}: {error}") from error
@@ -1263,21 +1277,41 @@ def make_machine(backend):
                     _set(weight.q, field, zeros)
             self._observe(weight)
 
-        @rule(weight=weights)
-        def a_first_call_under_another_default_dtype(self, weight):
-            # model code often sets torch's default dtype to bfloat16, and bitsandbytes makes its table in it: a
-            # process's first call then must not keep a table rounded to it (it is refused, or its table float32)
+        @rule(weight=weights, default=st.sampled_from([torch.bfloat16, torch.float16, torch.float64]),
+              cell_run_under_it=st.booleans())
+        def calls_under_another_default_dtype(self, weight, default, cell_run_under_it):
+            # model code often sets torch's default dtype to bfloat16, and bitsandbytes' get_4bit_type makes its
+            # table in it. Under it: the wrapper cell, run, decodes its codebooks; a traced first call (no table
+            # kept) decodes its own table; an eager first call copies the cell's. Each answers as bitsandbytes does
+            # (on a GPU, bit for bit), and every table made or kept is fp32; the call after them, checked as every
+            # call is, launches the kept one
             if weight.W is None:
                 return
+            accepted = fresh_validation(kernel, weight.W, weight.q)[1] is None
             self.forget_the_kept_tables()
-            Stats.calls += 1
-            torch.set_default_dtype(torch.bfloat16)
+            Stats.calls += 2
+            made_before = len(backend.tables)
+            torch.set_default_dtype(default)
             try:
-                ours, launches = backend.call(weight.W, weight.q)
+                if cell_run_under_it:
+                    self._run_the_wrapper_cell(WRAPPER_CELL_CODE)
+                with FlopCounterMode(display=False):
+                    traced, _ = backend.call(weight.W, weight.q)
+                ours, _ = backend.call(weight.W, weight.q)
             finally:
                 torch.set_default_dtype(torch.float32)
-            if isinstance(ours, Exception) and not str(ours).startswith(NAMED):
-                raise Finding(f"a first call under torch's default dtype bfloat16 raised {ours!r}")
+            for result in (traced, ours):
+                if isinstance(result, Exception) and (accepted or not str(result).startswith(NAMED)):
+                    raise Finding(f"a call under torch's default dtype {default} raised {result!r}")
+            made = [reference() for reference in backend.tables[made_before:]]
+            rounded = [table.dtype for table in [*made, *kernel._TABLES.values(), *kernel._CODEBOOKS.values()]
+                       if table is not None and table.dtype != torch.float32]
+            if rounded:
+                raise Finding(f"under torch's default dtype {default} the cells made tables of {rounded}")
+            if BACKEND == "gpu" and accepted:
+                reference = _bits(bnbf.dequantize_4bit(weight.W, _as_plain(weight.q)))
+                if not all(torch.equal(_bits(result), reference) for result in (traced, ours)):
+                    raise Finding(f"a call under torch's default dtype {default} is not bitsandbytes' bits")
             self._observe(weight)
 
         @rule(weight=weights, patched=st.sampled_from(["empty", "empty_strided"]), its_first_call=st.booleans())
@@ -1335,6 +1369,29 @@ def make_machine(backend):
                 called = {str(node.target) for node in graph.graph.nodes if node.op == "call_function"}
                 if "nf4_triton.dequantize_4bit.default" not in called:
                     raise Finding(f"a graph make_fx traced holds no kernel: {sorted(called)}")
+            self._observe(weight)
+
+        @rule(weight=weights, transform=st.sampled_from(["grad", "vmap", "vmap of grad"]))
+        def call_under_a_torch_func_transform(self, weight, transform):
+            # torch.func wraps what a call reads or makes in tensors without storage of their own: the call answers
+            # as bitsandbytes' does under the same transform, or refuses as a fresh validation does (on the
+            # stand-in, where no kernel runs, the answers are compared by shape)
+            if weight.W is None or _a_value_held_as_a_tensor(weight.q):
+                return
+            refusal = fresh_validation(kernel, weight.W, weight.q)[1]
+            Stats.calls += 1
+            try:
+                ours = _under_torch_func(transform, kernel.dequantize_nf4, weight.W, weight.q)
+            except Exception as error:
+                if refusal is None or (type(error), str(error)) != (type(refusal), str(refusal)):
+                    raise Finding(f"under torch.func's {transform} ours raised {error!r}; a fresh validation: "
+                                  f"{refusal!r}") from error
+                return
+            if refusal is not None:
+                raise Finding(f"under torch.func's {transform} ours answered what a fresh validation refuses: {refusal}")
+            theirs = _under_torch_func(transform, bnbf.dequantize_4bit, weight.W, _as_plain(weight.q))
+            if ours.shape != theirs.shape or (BACKEND == "gpu" and not torch.equal(_bits(ours), _bits(theirs))):
+                raise Finding(f"under torch.func's {transform} ours is not bitsandbytes' ({ours.shape}, {theirs.shape})")
             self._observe(weight)
 
         # ------------------------------------------------------------------ CUDA graphs (a GPU)
@@ -1432,6 +1489,24 @@ class _Counted:
     def __call__(self, *args, **kwargs):
         self.count += 1
         return self.function(*args, **kwargs)
+
+
+def _under_torch_func(transform, dequantize, W, q):
+    """What torch.func's transform makes of x * dequantize(W, q), as a plain tensor: vmap over two values of x, grad
+    (its sum's, in fp32) at x = 1, or vmap of that grad."""
+    def scaled_sum(x):
+        return (x * dequantize(W, q).float()).sum()
+    x = torch.ones((), device=W.device if isinstance(W, torch.Tensor) else None)
+    if transform == "grad":
+        return torch.func.grad(scaled_sum)(x)
+    if transform == "vmap of grad":
+        return torch.func.vmap(torch.func.grad(scaled_sum))(torch.stack([x, x]))
+    return torch.func.vmap(lambda each: each * dequantize(W, q))(torch.stack([x, x]))
+
+
+def _bits(tensor):
+    """tensor's bits as integers of its width (equal bits compare equal, NaNs too)."""
+    return tensor.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()])
 
 
 def fresh_validation(kernel, W, q):

@@ -212,17 +212,15 @@ def paths(kernel):
 
 
 def in_capture(kernel, work):
-    """work() as during a CUDA graph's capture, before any call kept a table: each call's table is a copy of the
-    pinned one (here, the CPU's), its own."""
+    """work() as during a CUDA graph's capture, before any call kept a table: each call makes its own table (in a
+    graph, by kernels of the graph)."""
     tables, capturing = dict(kernel._TABLES), kernel.capturing
     kernel._TABLES.clear()
-    kernel._PINNED.update({kind: bnbf.get_4bit_type(kind, "cpu") for kind in ("nf4", "fp4")})
     kernel.capturing = lambda device: True
     try:
         return work()
     finally:
         kernel.capturing = capturing
-        kernel._PINNED.clear()
         kernel._TABLES.update(tables)
 
 

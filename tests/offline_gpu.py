@@ -80,6 +80,8 @@ def on_gpu(tensor, gpu):
 
 
 def _stand_in_get_device(tensor):
+    while torch._C._functorch.is_functorch_wrapped_tensor(tensor):  # (torch.func's: the GPU of what it wraps)
+        tensor = torch._C._functorch.get_unwrapped(tensor)
     if tensor.layout != torch.strided or tensor.data_ptr() == 0:  # (no storage, no memory: on GPU 0, as made)
         return 0
     address = tensor.untyped_storage().data_ptr()

@@ -307,20 +307,73 @@ def test_a_call_under_a_fake_tensor_mode_is_refused_and_leaves_nothing(kernel, l
         assert torch.equal(kernel.dequantize_nf4(W, qs), bnbf.dequantize_4bit(W, qs))
 
 
-def test_a_first_call_under_another_default_dtype_is_refused_by_name(kernel, layer):
-    # bitsandbytes makes its codebook in torch's default dtype: a table rounded to bfloat16 would be kept for good
+@pytest.mark.parametrize("default", [torch.bfloat16, torch.float16, torch.float64], ids=str)
+def test_a_first_call_under_another_default_dtype_answers_as_bitsandbytes(kernel, layer, default):
+    # model code sets torch's default dtype to bfloat16. bitsandbytes' get_4bit_type makes its table in it, but its
+    # CUDA and native CPU kernels decode in fp32 whatever it is: so does this one, and the table it keeps is fp32
     import bitsandbytes.functional as bnbf
+    from reference import bits
     qs = _state(layer)
+    expected = bnbf.dequantize_4bit(layer.weight, qs)
     kernel._TABLES.clear()  # a process's first call: no table kept, and no plan (a plan of a freed weight at
     kernel._plans.clear()   # W's addresses, of its sizes and dtypes, answers W rightly, without a table)
-    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_dtype(default)
     try:
-        with pytest.raises(RuntimeError, match=r"^dequantize_nf4: torch's default dtype is torch.bfloat16, not float32"):
-            kernel.dequantize_nf4(layer.weight, qs)
+        first = kernel.dequantize_nf4(layer.weight, qs)
+        theirs = bnbf.dequantize_4bit(layer.weight, qs)
     finally:
         torch.set_default_dtype(torch.float32)
-    assert not kernel._TABLES
-    assert torch.equal(kernel.dequantize_nf4(layer.weight, qs), bnbf.dequantize_4bit(layer.weight, qs))
+    assert torch.equal(bits(theirs), bits(expected))  # (bitsandbytes' own bits do not change with it)
+    assert torch.equal(bits(first), bits(expected))
+    (table,) = kernel._TABLES.values()
+    assert table.dtype == torch.float32 and torch.equal(table, bnbf.get_4bit_type("nf4", table.device))
+    assert torch.equal(bits(kernel.dequantize_nf4(layer.weight, qs)), bits(expected))
+    # (the first call copied the codebook the wrapper cell decoded; decoded under the other dtype, as the cell
+    # run then or a traced call does, it is fp32 and bitsandbytes' values too)
+    torch.set_default_dtype(default)
+    try:
+        decoded = {kind: kernel.bitsandbytes_codebook(kind, "cpu") for kind in ("nf4", "fp4")}
+    finally:
+        torch.set_default_dtype(torch.float32)
+    for kind, table in decoded.items():
+        assert table.dtype == torch.float32 and torch.equal(table, bnbf.get_4bit_type(kind, "cpu")), kind
+
+
+def test_a_one_row_weight_of_three_dimensions_is_refused_by_name_before_a_launch(kernel, monkeypatch):
+    # a weight quantized from a 3-D tensor packs into (n, 1) bytes; called as W.t(), one row, bitsandbytes returns
+    # out.t(), which raises torch's unnamed t() error for a 3-D out: here a named error, and nothing launched
+    import bitsandbytes.functional as bnbf
+    W, qs = bnbf.quantize_4bit(torch.randn(4, 8, 32, device=DEVICE), blocksize=64, quant_type="nf4")
+    with pytest.raises(RuntimeError, match=r"t\(\) expects a tensor with <= 2 dimensions"):
+        bnbf.dequantize_4bit(W.t(), qs)
+    launches = []
+    monkeypatch.setattr(kernel, "launch_arguments", lambda *args: launches.append(args))
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"^dequantize_nf4: W has one row: a 3-D result has no \.t\(\)$"):
+            kernel.dequantize_nf4(W.t(), qs)
+    assert launches == []
+    monkeypatch.undo()
+    assert torch.equal(kernel.dequantize_nf4(W, qs), bnbf.dequantize_4bit(W, qs))
+
+
+@pytest.mark.parametrize("held_as", ["tensor", "ndarray", "list"])
+def test_a_tensor_shape_is_refused_as_bitsandbytes_refuses_it(kernel, layer, held_as):
+    # bitsandbytes' op takes a shape as a list of ints: a tensor it refuses (its op's schema), so does this; a
+    # numpy array or a list it takes, and so does this (a dict, which its schema refuses too, this takes)
+    import numpy
+    import bitsandbytes.functional as bnbf
+    qs = _state(layer)
+    expected = bnbf.dequantize_4bit(layer.weight, qs)
+    qs.shape = {"tensor": torch.tensor, "ndarray": numpy.array, "list": list}[held_as](list(qs.shape))
+    if held_as != "tensor":
+        assert torch.equal(bnbf.dequantize_4bit(layer.weight, qs), expected)
+        assert torch.equal(kernel.dequantize_nf4(layer.weight, qs), expected)
+        return
+    with pytest.raises(RuntimeError, match=r"Expected a value of type 'List\[int\]' for argument 'shape'"):
+        bnbf.dequantize_4bit(layer.weight, qs)
+    with pytest.raises(TypeError, match=r"^dequantize_nf4: quant_state\.shape tensor\(\[ 64, 256\]\) is not a "
+                                        r"shape \(a torch\.Size of ints\)"):
+        kernel.dequantize_nf4(layer.weight, qs)
 
 
 def test_a_storage_shrunk_in_place_after_a_good_call_is_refused_by_name(kernel, layer):

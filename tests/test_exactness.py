@@ -125,3 +125,21 @@ def test_a_state2_blocksize_from_8_gives_bitsandbytes_bits(kernel, blocksize2):
     qs.state2.absmax = (torch.rand(-(-qs.absmax.numel() // blocksize2), generator=generator) + 0.5).to(DEVICE)
     qs.state2.blocksize = blocksize2
     _check(kernel, layer)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fp4_zero_codes_carry_the_sign_bitsandbytes_gives_them(kernel, dtype):
+    # bitsandbytes' CUDA kernel decodes FP4's code 0b1000 to -0.0, where its get_4bit_type table holds +0.0: the
+    # table this kernel reads is bitsandbytes' own decoding of codes 0 to 15, on the host's CPU, so on an x86 GPU
+    # host (whose CUDA build decodes by its scalar path, -0.0) every bit agrees. On the CPU its paths disagree
+    # (AVX-512, NEON and the generic one give +0.0, the scalar one -0.0); the table and this weight's reference
+    # take the same one here. (An aarch64 GPU host's NEON path would give its kept tables +0.0.)
+    import bitsandbytes.functional as bnbf
+    from reference import assert_same_bits
+    W, qs = bnbf.quantize_4bit(torch.randn(32, 256, device=DEVICE), blocksize=64, quant_type="fp4")
+    W.view(torch.uint8)[::3] = 0x88  # code 0b1000 in both halves of every third byte
+    qs.dtype = dtype
+    theirs = bnbf.dequantize_4bit(W, qs)
+    if DEVICE == "cuda":
+        assert torch.signbit(theirs[theirs == 0]).any()  # (code 0b0000 decodes to +0.0)
+    assert_same_bits(kernel.dequantize_nf4(W, qs), theirs, "fp4")

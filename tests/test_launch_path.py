@@ -4,6 +4,7 @@ compared with bitsandbytes; on the CPU the kernel runs in the interpreter, on a 
 direct launch. These tests use only dequantize_nf4 and triton_dequantize_nf4, so they run against
 any version of the kernel cells (NF4_NOTEBOOK=path picks the notebook)."""
 import copy
+import functools
 import gc
 import io
 import json
@@ -320,8 +321,8 @@ def test_every_field_is_checked_on_every_call(kernel):
             out = kernel.triton_dequantize_nf4(layer)
         except (TypeError, ValueError) as error:
             assert str(error).startswith("dequantize_nf4: "), error
-        else:  # (torch.equal: FP4's code 0b1000 is -0.0 in bitsandbytes' CUDA kernel, +0.0 in its table)
-            assert torch.equal(out, bnbf.dequantize_4bit(W, qs)), f"{owner_name or 'quant_state'}.{name}"
+        else:  # (bit for bit: FP4's code 0b1000 is -0.0 in bitsandbytes' kernels and in the table read)
+            assert_same_bits(out, bnbf.dequantize_4bit(W, qs), f"{owner_name or 'quant_state'}.{name}")
         checked += 1
     assert checked >= 11
 
@@ -754,8 +755,8 @@ def test_a_sticky_cuda_error_reaches_the_caller(tmp_path):
 
 def test_a_first_call_inside_graph_capture_keeps_no_table_and_never_syncs(kernel, monkeypatch):
     # what a first call inside CUDA-graph capture must not do, seen on the CPU: keep a table made then (its
-    # values would exist only inside the graph: it is copied from pinned memory for that graph alone), or
-    # sync (.item()); its bits are bitsandbytes' all the same
+    # values would exist only inside the graph: kernels of that graph make it), or sync (.item()); its bits are
+    # bitsandbytes' all the same
     layer = _layer(seed=70)
     W, qs = layer.weight, layer.weight.quant_state
     expected = bnbf.dequantize_4bit(W, qs)
@@ -765,12 +766,10 @@ def test_a_first_call_inside_graph_capture_keeps_no_table_and_never_syncs(kernel
 
     monkeypatch.setattr(kernel, "capturing", lambda device: True)
     monkeypatch.setattr(kernel, "_TABLES", {})
-    monkeypatch.setattr(kernel, "_PINNED", {})
     monkeypatch.setattr(kernel, "_plans", type(kernel._plans)())  # (a plan of a freed weight at W's addresses)
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda tensor: tensor.clone())  # (a CPU build has none)
     monkeypatch.setattr(torch.Tensor, "item", syncs)
     out = kernel.dequantize_nf4(W, qs)
-    assert kernel._TABLES == {} and list(kernel._PINNED) == ["nf4"]
+    assert kernel._TABLES == {} and kernel._plans == {}
     monkeypatch.undo()
     assert_same_bits(out, expected, "captured")
 
@@ -839,3 +838,46 @@ def test_a_layer_whose_weight_is_a_property_gives_its_weights_bits(kernel, wrapp
     assert "weight" not in wrapped._parameters and wrapped.weight is layer.weight
     for _ in range(2):
         _assert_bnb(kernel.triton_dequantize_nf4(wrapped), layer.weight, layer.weight.quant_state)
+
+
+def test_under_torch_func_transforms_each_result_is_bitsandbytes(kernel):
+    # torch.func's grad, jacrev, vjp, jvp and vmap over the input (per-sample gradients: vmap of grad) wrap the
+    # tensors a call reads or makes in tensors without storage: the call reads what they wrap, and answers as
+    # bitsandbytes does under the same transform
+    layer = _layer(shape=(48, 64), dtype=torch.float32, seed=5)
+    W, qs = layer.weight, layer.weight.quant_state
+    x, xs = torch.randn(64, device=DEVICE), torch.randn(3, 64, device=DEVICE)
+
+    def transformed(dequantize):
+        def loss(x):
+            return (dequantize(W, qs) @ x).square().sum()
+
+        def matvec(x):
+            return dequantize(W, qs) @ x
+        return {"grad": torch.func.grad(loss)(x),
+                "jacrev": torch.func.jacrev(matvec)(x),
+                "vjp": torch.func.vjp(matvec, x)[1](torch.ones(48, device=DEVICE))[0],
+                "jvp": torch.func.jvp(matvec, (x,), (torch.ones_like(x),))[1],
+                "vmap": torch.func.vmap(matvec)(xs),
+                "vmap of grad": torch.func.vmap(torch.func.grad(loss))(xs)}
+    expected = transformed(bnbf.dequantize_4bit)
+    for _ in range(2):  # (a weight's first call, and a later one)
+        ours = transformed(kernel.dequantize_nf4)
+        for name in expected:
+            assert_same_bits(ours[name], expected[name], name)
+    assert_same_bits(kernel.dequantize_nf4(W, qs), bnbf.dequantize_4bit(W, qs), "after them")
+
+
+@pytest.mark.parametrize("transform", ["vmap over W", "functionalize"])
+def test_a_weight_batched_by_vmap_or_functionalized_is_refused_by_name(kernel, transform):
+    # what a torch.func transform makes of W itself holds no storage of W's: refused by name (bitsandbytes'
+    # op answers these), and the weight's calls after it are exact
+    layer = _layer(shape=(48, 64), seed=6)
+    W, qs = layer.weight, layer.weight.quant_state
+    if transform == "vmap over W":
+        call = functools.partial(torch.func.vmap(kernel.dequantize_nf4, in_dims=(0, None)), torch.stack([W, W]))
+    else:
+        call = functools.partial(torch.func.functionalize(kernel.dequantize_nf4), W)
+    with pytest.raises(ValueError, match=r"^dequantize_nf4: W is vmapped or functionalized \(torch\.func\)$"):
+        call(qs)
+    assert_same_bits(kernel.dequantize_nf4(W, qs), bnbf.dequantize_4bit(W, qs), "after it")
