@@ -181,7 +181,7 @@ def paths(kernel):
     report["a SimpleNamespace quant state"] = calls(lambda: kernel.dequantize_nf4(W, namespace), times=2) + [
         planned(W, namespace)]
     W3, q3 = weight(shape=(16, 256), dtype=torch.float16, seed=62)  # first called in capture
-    report["a table copied in CUDA-graph capture"] = in_capture(kernel, lambda: calls(
+    report["a table decoded in CUDA-graph capture"] = in_capture(kernel, lambda: calls(
         lambda: kernel.dequantize_nf4(W3, q3), times=2) + [planned(W3, q3)])
     def again():
         return calls(lambda: kernel.dequantize_nf4(W, q), times=2)

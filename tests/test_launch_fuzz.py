@@ -68,7 +68,7 @@ REVERTED_FIXES = {
         ("t.is_neg(), t.storage_offset(),\n                        storage.nbytes())", "t.is_neg())"),
     "W's conjugate bit unkeyed (W.data = its bytes as a complex tensor's conjugate)":
         ("key = [*values, W.is_conj()]", "key = [*values]"),
-    "a plan kept though its call made a temporary (a table copied during graph capture)":
+    "a plan kept though its call made a temporary (a table decoded during graph capture)":
         ("if key is not None and not layout.temporary and", "if key is not None and"),
     "the fields read twice, by the key and again by validation":
         ("layout = checks(W, quant_state, state)", "layout = checks(W, quant_state)"),

@@ -44,7 +44,7 @@ def test_each_case_the_header_names_takes_the_launches_it_says(report):
     assert paths["a new key of a known kind"] == [[0, 1], True]  # validated, then the kind's kernel; plan kept
     assert paths["a new key of a new kind"] == [[1, 0], [0, 1]]
     assert paths["a SimpleNamespace quant state"] == [[0, 1], [0, 1], True]
-    assert paths["a table copied in CUDA-graph capture"] == [[0, 1], [0, 1], False]  # no plan: each call validated
+    assert paths["a table decoded in CUDA-graph capture"] == [[0, 1], [0, 1], False]  # no plan: each call validated
     for case in ("NF4_FAST_LAUNCH=0", "torch.compile", "a launch enter hook", "a launch exit hook", "debug mode",
                  "a pre-run hook", "the kernel's own debug flag", "a compile hook", "a post-compile hook"):
         assert paths[case] == [[1, 0], [1, 0]], case

@@ -409,7 +409,7 @@ def test_calls_captured_in_a_cuda_graph_replay_bitsandbytes_bits(tmp_path):
                                               "planned_in_capture": False}, report
     assert report["warm weight"] == {"replayed_exact": True, "eager_after_exact": True,
                                      "planned_in_capture": True}, report
-    assert report["tables_kept"] == 1  # the table copied into the first graph is not kept; eager made one
+    assert report["tables_kept"] == 1  # the table decoded in the first graph is not kept; eager made one
 
 
 def _gpu_layers(count, dtype=torch.bfloat16):
