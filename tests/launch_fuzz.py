@@ -77,6 +77,7 @@ from hypothesis import HealthCheck, Phase, settings, strategies as st  # noqa: E
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rule, run_state_machine_as_test  # noqa: E402
 
 from benchmarks.cells import NOTEBOOK, kernel_cell_sources, load_kernel_cells  # noqa: E402
+from reference import bits  # noqa: E402
 
 NAMED = "dequantize_nf4: "
 WRAPPER_CELL = kernel_cell_sources(NOTEBOOK)[1]  # (the kernel, the wrapper, the launch path)
@@ -1309,8 +1310,8 @@ def make_machine(backend):
             if rounded:
                 raise Finding(f"under torch's default dtype {default} the cells made tables of {rounded}")
             if BACKEND == "gpu" and accepted:
-                reference = _bits(bnbf.dequantize_4bit(weight.W, _as_plain(weight.q)))
-                if not all(torch.equal(_bits(result), reference) for result in (traced, ours)):
+                reference = bits(bnbf.dequantize_4bit(weight.W, _as_plain(weight.q)))
+                if not all(torch.equal(bits(result), reference) for result in (traced, ours)):
                     raise Finding(f"a call under torch's default dtype {default} is not bitsandbytes' bits")
             self._observe(weight)
 
@@ -1390,7 +1391,7 @@ def make_machine(backend):
             if refusal is not None:
                 raise Finding(f"under torch.func's {transform} ours answered what a fresh validation refuses: {refusal}")
             theirs = _under_torch_func(transform, bnbf.dequantize_4bit, weight.W, _as_plain(weight.q))
-            if ours.shape != theirs.shape or (BACKEND == "gpu" and not torch.equal(_bits(ours), _bits(theirs))):
+            if ours.shape != theirs.shape or (BACKEND == "gpu" and not torch.equal(bits(ours), bits(theirs))):
                 raise Finding(f"under torch.func's {transform} ours is not bitsandbytes' ({ours.shape}, {theirs.shape})")
             self._observe(weight)
 
@@ -1502,11 +1503,6 @@ def _under_torch_func(transform, dequantize, W, q):
     if transform == "vmap of grad":
         return torch.func.vmap(torch.func.grad(scaled_sum))(torch.stack([x, x]))
     return torch.func.vmap(lambda each: each * dequantize(W, q))(torch.stack([x, x]))
-
-
-def _bits(tensor):
-    """tensor's bits as integers of its width (equal bits compare equal, NaNs too)."""
-    return tensor.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()])
 
 
 def fresh_validation(kernel, W, q):
